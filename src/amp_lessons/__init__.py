@@ -1,0 +1,24 @@
+"""amp_lessons: the helper package of the amp-lessons course.
+
+Importing it changes no global state (no seeding, no backend flags): each lesson's setup
+cell calls :func:`seed_everything` itself. Modules, one home per topic:
+
+- ``precision``  precision names (fp32, tf32, bf16, fp16), parsed in one place
+- ``hardware``   device, native vs emulated bf16, TF32, CPU ISA, recommended precision (00)
+- ``formats``    bit layouts, rounding and underflow of fp32/tf32/bf16/fp16/fp8 (01)
+- ``trace``      which aten op ran in which dtype under autocast (02)
+- ``models``     the small models the lessons train and trace (02-05)
+- ``data``       the lessons' datasets, generated or shipped offline with scikit-learn
+- ``training``   the one training loop, its history and checkpoints (01, 03-05)
+- ``measure``    activation memory and step timing (05)
+- ``bench``      ``python -m amp_lessons bench`` (05)
+- ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
+"""
+
+from .hardware import hardware_report, pick_device
+from .precision import PRECISIONS, parse_precision
+from .seeding import seed_everything
+
+__version__ = "0.1.0"
+
+__all__ = ["PRECISIONS", "hardware_report", "parse_precision", "pick_device", "seed_everything"]

@@ -1,0 +1,47 @@
+"""Command line: ``python -m amp_lessons doctor`` and ``python -m amp_lessons bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _doctor(args) -> int:
+    from .hardware import hardware_report
+
+    report = hardware_report(args.device)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.table())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m amp_lessons", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="what this machine can do, and the precision to use here")
+    doctor.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1, mps")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.set_defaults(run=_doctor)
+    try:
+        from . import bench
+    except ImportError:  # pragma: no cover - bench lands with lesson 05
+        bench = None
+    if bench is not None:
+        bench.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

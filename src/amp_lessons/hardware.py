@@ -1,0 +1,271 @@
+"""Hardware truth, in one place: which device, what it can do, which precision to use.
+
+Every hardware decision of the course lives here and nowhere else, so it can be unit
+tested by simulating each device class (tests/test_hardware.py). Used in 00_start_here,
+by ``python -m amp_lessons doctor`` and by every lesson that picks a device.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .precision import PRECISIONS, parse_precision
+
+
+class DeviceUnavailableError(RuntimeError):
+    """A device was asked for that this machine does not have."""
+
+
+def available_devices() -> list[str]:
+    """Device types torch can use here, best first (cuda > mps > cpu)."""
+    found = []
+    if torch.cuda.is_available():
+        found.append("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    found.append("cpu")
+    return found
+
+
+def pick_device(requested=None) -> torch.device:
+    """The device to run on: ``None``/``"auto"`` picks the best; a name is checked.
+
+    Asking for a device that is not here raises :class:`DeviceUnavailableError`
+    naming the devices that are (never a silent fall-back to something else).
+    """
+    have = available_devices()
+    if requested is None or (isinstance(requested, str) and requested.strip().lower() == "auto"):
+        return torch.device(have[0])
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be one of auto, {', '.join(have)}; got {requested!r}") from err
+    if device.type not in have:
+        raise DeviceUnavailableError(
+            f"device {requested!r} was requested, but this machine has only: {', '.join(have)}. "
+            "Pass device='auto' (or None) to use the best available device."
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise DeviceUnavailableError(
+            f"device {requested!r} was requested, but torch sees {torch.cuda.device_count()} CUDA device(s)."
+        )
+    return device
+
+
+def cpu_features() -> dict:
+    """The CPU's name and the instruction sets that matter for 16-bit math.
+
+    Reads torch's own CPU probe (``torch._C._cpu._get_cpu_capability``, present in recent
+    releases) and falls back to /proc/cpuinfo flags on Linux.
+    """
+    isa = torch.backends.cpu.get_cpu_capability()
+    probe = getattr(torch._C._cpu, "_get_cpu_capability", None)
+    if probe is not None:
+        caps = probe()
+        return {
+            "name": caps.get("cpu_name") or platform.processor() or "unknown CPU",
+            "isa": isa,
+            "avx512_bf16": bool(caps.get("avx512_bf16")),
+            "amx_bf16": bool(caps.get("amx_bf16")) and bool(caps.get("amx_tile", True)),
+        }
+    flags = _proc_cpuinfo_flags()
+    return {
+        "name": platform.processor() or "unknown CPU",
+        "isa": isa,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+    }
+
+
+def _proc_cpuinfo_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@dataclass(frozen=True)
+class HardwareReport:
+    """What lesson 00 and ``doctor`` print. Plain data: tests build it by simulation."""
+
+    device: str
+    name: str
+    torch_version: str
+    cuda_capability: tuple[int, int] | None
+    bf16_native: bool
+    bf16_emulated: bool
+    fp16: bool
+    tf32_hardware: bool
+    float32_matmul_precision: str
+    cpu_name: str
+    cpu_isa: str
+    avx512_bf16: bool
+    amx_bf16: bool
+    recommended: str
+    use_scaler: bool
+    reason: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs, in the order lesson 00 and ``doctor`` print them."""
+        cc = "n/a" if self.cuda_capability is None else "%d.%d" % self.cuda_capability
+        if self.bf16_native:
+            bf16 = "native"
+        elif self.bf16_emulated:
+            bf16 = "emulated only (slow)"
+        else:
+            bf16 = "no"
+        return [
+            ("device", self.device),
+            ("name", self.name),
+            ("torch", self.torch_version),
+            ("CUDA compute capability", cc),
+            ("bfloat16", bf16),
+            ("float16", "yes" if self.fp16 else "no"),
+            ("TF32 tensor cores", "yes" if self.tf32_hardware else "no"),
+            ("float32 matmul precision", self.float32_matmul_precision),
+            ("CPU", self.cpu_name),
+            ("CPU instruction set", self.cpu_isa),
+            ("AVX512-BF16", "yes" if self.avx512_bf16 else "no"),
+            ("AMX-BF16", "yes" if self.amx_bf16 else "no"),
+            ("recommended precision", self.recommended + (" + GradScaler" if self.use_scaler else "")),
+            ("why", self.reason),
+        ]
+
+    def table(self) -> str:
+        """The report as an aligned two-column text table."""
+        rows = self.rows()
+        width = max(len(label) for label, _ in rows)
+        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def recommend(device_type: str, cuda_capability=None, bf16_native=False,
+              avx512_bf16=False, amx_bf16=False) -> tuple[str, bool, str]:
+    """(precision, use_scaler, reason) for a device class. Pure: tests call it directly."""
+    if device_type == "cuda":
+        cc = "%d.%d" % tuple(cuda_capability) if cuda_capability else "unknown"
+        if cuda_capability and tuple(cuda_capability) >= (8, 0) and bf16_native:
+            return ("bf16", False,
+                    f"Ampere-or-newer GPU (compute capability {cc}): native bfloat16 tensor cores. "
+                    "bf16 has float32's exponent range, so it needs no GradScaler.")
+        if cuda_capability and tuple(cuda_capability) >= (7, 0):
+            return ("fp16", True,
+                    f"pre-Ampere GPU (compute capability {cc}): fp16 tensor cores are native, bf16 "
+                    "would only be emulated (slow). fp16's narrow range needs GradScaler.")
+        return ("fp32", False,
+                f"GPU without tensor cores (compute capability {cc}): 16-bit math is not faster "
+                "here; autocast would only save activation memory.")
+    if device_type == "mps":
+        return ("fp32", False,
+                "Apple GPU: autocast works on MPS in recent torch, but the lessons' speed claims "
+                "are not measured there; run `python -m amp_lessons bench` before switching.")
+    if amx_bf16:
+        return ("bf16", False,
+                "CPU with AMX-BF16 tile units: bf16 matmuls run much faster than fp32, and bf16 "
+                "needs no GradScaler.")
+    if avx512_bf16:
+        return ("fp32", False,
+                "CPU with AVX512-BF16 but no AMX: bf16 autocast halves the activation memory "
+                "saved for backward, but is not expected to speed this CPU up (bf16 matmul "
+                "kernels can be slower than fp32 here; lesson 05 measures it). Choose bf16 "
+                "when memory is the limit.")
+    return ("fp32", False,
+            "CPU without native bf16 instructions (no AVX512-BF16, no AMX): 16-bit math is "
+            "emulated and slower than fp32; autocast would only save activation memory.")
+
+
+def hardware_report(device=None) -> HardwareReport:
+    """Query torch about ``device`` (auto by default) and recommend a precision."""
+    dev = pick_device(device)
+    cpu = cpu_features()
+    cc = None
+    bf16_native = bf16_emulated = False
+    fp16 = True
+    tf32_hw = False
+    name = cpu["name"]
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        cc = tuple(torch.cuda.get_device_capability(index))
+        name = torch.cuda.get_device_name(index)
+        bf16_native = _bf16_native_cuda()
+        bf16_emulated = (not bf16_native) and torch.cuda.is_bf16_supported()
+        tf32_hw = cc >= (8, 0)
+    elif dev.type == "cpu":
+        bf16_native = cpu["avx512_bf16"] or cpu["amx_bf16"]
+        bf16_emulated = not bf16_native
+    elif dev.type == "mps":
+        name = "Apple GPU (MPS)"
+        bf16_native = True
+    precision, scaler, reason = recommend(dev.type, cc, bf16_native, cpu["avx512_bf16"], cpu["amx_bf16"])
+    return HardwareReport(
+        device=str(dev), name=name, torch_version=torch.__version__, cuda_capability=cc,
+        bf16_native=bf16_native, bf16_emulated=bf16_emulated, fp16=fp16, tf32_hardware=tf32_hw,
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        cpu_name=cpu["name"], cpu_isa=cpu["isa"], avx512_bf16=cpu["avx512_bf16"],
+        amx_bf16=cpu["amx_bf16"], recommended=precision, use_scaler=scaler, reason=reason,
+    )
+
+
+def _bf16_native_cuda() -> bool:
+    """``is_bf16_supported(including_emulation=False)``: a T4 says True without it."""
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.5 has no including_emulation; its answer was the native one
+        return bool(torch.cuda.is_bf16_supported())
+
+
+def supported_precisions(device=None) -> dict[str, str | None]:
+    """For each precision, ``None`` if this device can run it, else the reason it cannot.
+
+    Used by ``bench`` (05) and the widgets, which offer only what runs here.
+    """
+    dev = pick_device(device)
+    out: dict[str, str | None] = dict.fromkeys(PRECISIONS)
+    if dev.type == "cuda":
+        cc = tuple(torch.cuda.get_device_capability(dev))
+        if cc < (8, 0):
+            out["tf32"] = f"TF32 needs an Ampere-or-newer GPU; this one is compute capability {cc[0]}.{cc[1]}"
+        if not _bf16_native_cuda():
+            out["bf16"] = "bf16 is only emulated on this GPU (pre-Ampere); use fp16 + GradScaler"
+    elif dev.type == "cpu":
+        out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on a CPU"
+    elif dev.type == "mps":
+        out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on Apple GPUs"
+    return out
+
+
+def check_autocast(device_type: str, dtype) -> None:
+    """Raise a clear error if ``torch.autocast(device_type, dtype)`` cannot run here."""
+    have = available_devices()
+    if device_type not in have:
+        raise DeviceUnavailableError(
+            f"autocast on {device_type!r} was requested, but this machine has only: {', '.join(have)}"
+        )
+    ok = {torch.bfloat16, torch.float16}
+    if dtype not in ok:
+        raise ValueError(
+            f"autocast on {device_type} supports torch.bfloat16 and torch.float16; got {dtype}. "
+            f"(Precision names: {', '.join(PRECISIONS)}; fp32/tf32 run without autocast.)"
+        )
+
+
+def resolve(precision, device=None) -> tuple[str, torch.device]:
+    """Parse a precision and pick a device together, refusing combinations that cannot run."""
+    name = parse_precision(precision)
+    dev = pick_device(device)
+    why = supported_precisions(dev)[name]
+    if why is not None and name == "tf32":
+        raise ValueError(f"precision 'tf32' cannot run on {dev}: {why}. Use 'fp32' here.")
+    if why is not None:
+        raise ValueError(f"precision {name!r} cannot run on {dev}: {why}")
+    return name, dev

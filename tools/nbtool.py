@@ -1,0 +1,113 @@
+"""Notebook upkeep for the course (used by the Makefile, not by the lessons).
+
+    python tools/nbtool.py execute notebooks/01_number_formats.ipynb ...
+        sync each .py/.ipynb pair (the newer side wins), run the notebook top to bottom in
+        a fresh kernel, store its outputs, and write the .py pair again.
+    python tools/nbtool.py check-pairs notebooks/*.ipynb
+        fail when a notebook's code or prose differs from its jupytext .py pair.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbconvert.preprocessors import ExecutePreprocessor
+
+FMT = "py:percent"
+
+
+def _pair(nb_path: Path) -> Path:
+    return nb_path.with_suffix(".py")
+
+
+def sync(nb_path: Path) -> None:
+    """Bring the .ipynb up to date with a newer .py pair (keeping stored outputs)."""
+    py = _pair(nb_path)
+    if py.exists() and (not nb_path.exists() or py.stat().st_mtime > nb_path.stat().st_mtime):
+        text_nb = jupytext.read(py, fmt=FMT)
+        if nb_path.exists():
+            old = nbformat.read(nb_path, as_version=4)
+            text_nb = jupytext.combine.combine_inputs_with_outputs(text_nb, old, fmt=FMT)
+        _ensure_kernelspec(text_nb)
+        nbformat.write(text_nb, nb_path)
+
+
+def _ensure_kernelspec(nb) -> None:
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
+
+
+def _tag_expected_errors(nb) -> None:
+    """Cells marked NBVAL_RAISES_EXCEPTION are meant to raise: let nbconvert go on."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "NBVAL_RAISES_EXCEPTION" in cell.source:
+            tags = cell.metadata.setdefault("tags", [])
+            if "raises-exception" not in tags:
+                tags.append("raises-exception")
+
+
+def _untag_expected_errors(nb) -> None:
+    """nbval reads the NBVAL_RAISES_EXCEPTION comment; a tag as well makes it warn."""
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if "raises-exception" in tags:
+            tags.remove("raises-exception")
+            if not tags:
+                del cell.metadata["tags"]
+
+
+def execute(nb_path: Path, timeout: int = 600) -> float:
+    """Run one notebook in a fresh kernel from its own folder; return seconds taken."""
+    sync(nb_path)
+    nb = nbformat.read(nb_path, as_version=4)
+    _ensure_kernelspec(nb)
+    _tag_expected_errors(nb)
+    start = time.perf_counter()
+    ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
+        nb, {"metadata": {"path": str(nb_path.parent)}}
+    )
+    seconds = time.perf_counter() - start
+    _untag_expected_errors(nb)
+    nbformat.write(nb, nb_path)
+    jupytext.write(nb, _pair(nb_path), fmt=FMT)
+    return seconds
+
+
+def _inputs(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source.strip()) for c in nb.cells]
+
+
+def check_pairs(paths: list[Path]) -> int:
+    bad = 0
+    for nb_path in paths:
+        py = _pair(nb_path)
+        if not py.exists():
+            print(f"{nb_path}: no jupytext pair {py.name}; run `make notebooks`")
+            bad += 1
+            continue
+        if _inputs(nbformat.read(nb_path, as_version=4)) != _inputs(jupytext.read(py, fmt=FMT)):
+            print(f"{nb_path}: differs from {py.name}; run `make notebooks` (or jupytext --sync)")
+            bad += 1
+    print(f"{len(paths) - bad} pairs in sync, {bad} out of sync")
+    return 1 if bad else 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 1 or argv[0] not in ("execute", "check-pairs"):
+        print(__doc__)
+        return 2
+    paths = [Path(p) for p in argv[1:]]
+    if argv[0] == "check-pairs":
+        return check_pairs(paths)
+    for p in paths:
+        print(f"{p}: executed in {execute(p):.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
