@@ -118,7 +118,7 @@ class HardwareReport:
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs, in the order lesson 00 and ``doctor`` print them."""
-        cc = "n/a" if self.cuda_capability is None else "%d.%d" % self.cuda_capability
+        cc = "n/a" if self.cuda_capability is None else "{}.{}".format(*self.cuda_capability)
         if self.bf16_native:
             bf16 = "native"
         elif self.bf16_emulated:
@@ -153,7 +153,7 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
               avx512_bf16=False, amx_bf16=False) -> tuple[str, bool, str]:
     """(precision, use_scaler, reason) for a device class. Pure: tests call it directly."""
     if device_type == "cuda":
-        cc = "%d.%d" % tuple(cuda_capability) if cuda_capability else "unknown"
+        cc = "{}.{}".format(*cuda_capability) if cuda_capability else "unknown"
         if cuda_capability and tuple(cuda_capability) >= (8, 0) and bf16_native:
             return ("bf16", False,
                     f"Ampere-or-newer GPU (compute capability {cc}): native bfloat16 tensor cores. "

@@ -69,3 +69,10 @@ def precision_picker(device=None, value: str = "bf16"):
     """Lesson 00's first widget: pick a precision, read what it means on this device."""
     choice = W.ToggleButtons(options=list(PRECISIONS), value=value, description="precision")
     return live([choice], lambda: describe_precision(choice.value, device))
+
+
+# --- 01_number_formats ---------------------------------------------------------------
+
+# --- 02_autocast ---------------------------------------------------------------------
+
+# --- 03_grad_scaler ------------------------------------------------------------------
