@@ -1,0 +1,192 @@
+"""Every device class a learner may be on, simulated by patching torch's own queries."""
+
+import json
+
+import pytest
+import torch
+
+from amp_lessons import hardware, parse_precision
+from amp_lessons.__main__ import main
+from amp_lessons.hardware import DeviceUnavailableError, hardware_report, pick_device
+from amp_lessons.precision import dtype_of, float32_matmul_precision, needs_scaler, uses_autocast
+
+CPU_BASE = {"cpu_name": "Simulated CPU", "avx512_bf16": False, "amx_bf16": False, "amx_tile": False}
+
+
+def simulate_cpu(monkeypatch, *, avx512_bf16=False, amx=False, isa="AVX2"):
+    caps = dict(CPU_BASE, avx512_bf16=avx512_bf16, amx_bf16=amx, amx_tile=amx)
+    monkeypatch.setattr(torch._C._cpu, "_get_cpu_capability", lambda: caps, raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+def simulate_gpu(monkeypatch, name, cc):
+    simulate_cpu(monkeypatch, isa="AVX2")
+    native = cc >= (8, 0)
+
+    def is_bf16_supported(including_emulation=True):
+        return True if including_emulation else native  # a T4 says True by emulation
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, precision, words",
+    [
+        (True, True, "bf16", "AMX"),
+        (True, False, "fp32", "not expected to speed this CPU up"),
+        (False, False, "fp32", "no AVX512-BF16, no AMX"),
+    ],
+    ids=["cpu-amx", "cpu-avx512bf16", "cpu-plain"],
+)
+def test_cpu_classes(monkeypatch, avx512_bf16, amx, precision, words):
+    simulate_cpu(monkeypatch, avx512_bf16=avx512_bf16, amx=amx, isa="AVX512" if avx512_bf16 else "AVX2")
+    report = hardware_report()
+    assert report.device == "cpu"
+    assert report.recommended == precision
+    assert report.use_scaler is False
+    assert words in report.reason
+    assert report.bf16_native == (avx512_bf16 or amx)
+    assert report.amx_bf16 == amx and report.avx512_bf16 == avx512_bf16
+    assert report.cuda_capability is None and report.tf32_hardware is False
+    if not amx:
+        assert "memory" in report.reason  # what mixed precision still gives here
+
+
+@pytest.mark.parametrize(
+    "name, cc, precision, scaler, native",
+    [
+        ("Tesla T4", (7, 5), "fp16", True, False),
+        ("Tesla V100-SXM2-16GB", (7, 0), "fp16", True, False),
+        ("NVIDIA A100-SXM4-40GB", (8, 0), "bf16", False, True),
+        ("NVIDIA H100 80GB HBM3", (9, 0), "bf16", False, True),
+    ],
+    ids=["T4", "V100", "A100", "H100"],
+)
+def test_gpu_classes(monkeypatch, name, cc, precision, scaler, native):
+    simulate_gpu(monkeypatch, name, cc)
+    report = hardware_report()
+    assert report.device == "cuda"
+    assert report.name == name
+    assert report.cuda_capability == cc
+    assert report.recommended == precision and report.use_scaler is scaler
+    assert report.bf16_native is native
+    assert report.bf16_emulated is (not native)  # the T4/V100 trap: "supported", but emulated
+    assert report.tf32_hardware is (cc >= (8, 0))
+    assert f"compute capability {cc[0]}.{cc[1]}" in report.reason
+    if scaler:
+        assert "emulated" in report.reason and "GradScaler" in report.reason
+    else:
+        assert "no GradScaler" in report.reason
+
+
+def test_t4_never_recommends_emulated_bf16(monkeypatch):
+    simulate_gpu(monkeypatch, "Tesla T4", (7, 5))
+    assert torch.cuda.is_bf16_supported()  # what the naive check says
+    assert hardware.supported_precisions()["bf16"] is not None
+    assert hardware.supported_precisions()["tf32"] is not None
+    assert hardware_report().recommended == "fp16"
+
+
+def test_a100_supports_everything(monkeypatch):
+    simulate_gpu(monkeypatch, "NVIDIA A100", (8, 0))
+    assert all(v is None for v in hardware.supported_precisions().values())
+
+
+def test_no_cuda_picks_cpu_and_refuses_cuda(monkeypatch):
+    simulate_cpu(monkeypatch)
+    assert pick_device() == torch.device("cpu")
+    assert pick_device("auto") == torch.device("cpu")
+    with pytest.raises(DeviceUnavailableError, match=r"only: cpu.*device='auto'"):
+        pick_device("cuda")
+    with pytest.raises(DeviceUnavailableError, match="only: cpu"):
+        hardware_report("cuda")
+
+
+def test_gpu_preferred_and_index_checked(monkeypatch):
+    simulate_gpu(monkeypatch, "Tesla T4", (7, 5))
+    assert pick_device().type == "cuda"
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(DeviceUnavailableError, match="1 CUDA device"):
+        pick_device("cuda:3")
+
+
+def test_unknown_device_name():
+    with pytest.raises(ValueError, match="device must be one of auto"):
+        pick_device("gpu0")
+
+
+def test_tf32_is_refused_on_cpu(monkeypatch):
+    simulate_cpu(monkeypatch)
+    with pytest.raises(ValueError, match="TF32 is an NVIDIA tensor-core format"):
+        hardware.resolve("tf32", "cpu")
+    assert hardware.resolve("half", "cpu") == ("fp16", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "name, canonical",
+    [("fp32", "fp32"), ("float32", "fp32"), ("torch.float32", "fp32"), (torch.float32, "fp32"),
+     ("TF32", "tf32"), ("bf16", "bf16"), ("bfloat16", "bf16"), (torch.bfloat16, "bf16"),
+     ("fp16", "fp16"), ("float16", "fp16"), ("torch.float16", "fp16"), ("half", "fp16"),
+     (torch.float16, "fp16"), (" Float16 ", "fp16")],
+)
+def test_precision_aliases(name, canonical):
+    assert parse_precision(name) == canonical
+
+
+@pytest.mark.parametrize("bad", ["fp61", "", "int8", None, 16, torch.float64, torch.int32])
+def test_bad_precision_names_list_the_valid_ones(bad):
+    with pytest.raises(ValueError, match="precision must be one of fp32, tf32, bf16, fp16"):
+        parse_precision(bad)
+
+
+def test_precision_properties():
+    assert [dtype_of(p) for p in ("fp32", "tf32", "bf16", "fp16")] == [
+        torch.float32, torch.float32, torch.bfloat16, torch.float16]
+    assert [uses_autocast(p) for p in ("fp32", "tf32", "bf16", "fp16")] == [False, False, True, True]
+    assert [needs_scaler(p) for p in ("fp32", "tf32", "bf16", "fp16")] == [False, False, False, True]
+
+
+def test_matmul_precision_is_restored_even_after_an_error():
+    before = torch.get_float32_matmul_precision()
+    with pytest.raises(RuntimeError), float32_matmul_precision("tf32"):
+        assert torch.get_float32_matmul_precision() == "high"
+        raise RuntimeError("boom")
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_check_autocast_errors():
+    with pytest.raises(ValueError, match="supports torch.bfloat16 and torch.float16; got torch.float64"):
+        hardware.check_autocast("cpu", torch.float64)
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceUnavailableError, match="only: cpu"):
+            hardware.check_autocast("cuda", torch.float16)
+
+
+def test_doctor_prints_the_report(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for label in ("device", "bfloat16", "TF32 tensor cores", "CPU instruction set",
+                  "recommended precision", "why"):
+        assert label in out
+    assert hardware_report().reason in out
+
+
+def test_doctor_json_and_simulated_t4(monkeypatch, capsys):
+    simulate_gpu(monkeypatch, "Tesla T4", (7, 5))
+    assert main(["doctor", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["name"] == "Tesla T4" and data["recommended"] == "fp16" and data["use_scaler"]
+    assert data["bf16_emulated"] is True and data["bf16_native"] is False
+
+
+def test_doctor_refuses_missing_cuda(monkeypatch, capsys):
+    simulate_cpu(monkeypatch)
+    assert main(["doctor", "--device", "cuda"]) == 2
+    assert "only: cpu" in capsys.readouterr().err

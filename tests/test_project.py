@@ -1,0 +1,130 @@
+"""The course as a learner meets it: the README's commands, the setup cell, the environments."""
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+REPO_URL = PYPROJECT["project"]["urls"]["Repository"]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def first_code_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    return next(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def test_there_are_lessons():
+    assert [p.name for p in NOTEBOOKS][:1] == ["00_start_here.ipynb"]
+
+
+def test_setup_cell_is_identical_in_every_notebook():
+    cells = {p.name: first_code_cell(p) for p in NOTEBOOKS}
+    reference = cells["00_start_here.ipynb"]
+    assert "google.colab" in reference and "seed_everything(0)" in reference
+    different = [name for name, src in cells.items() if src != reference]
+    assert not different, f"setup cell differs from 00_start_here's in: {different}"
+
+
+def test_setup_cell_installs_from_the_declared_repository_without_pinning_widgets():
+    src = first_code_cell(NOTEBOOKS[0])
+    urls = re.findall(r'REPO = "([^"]+)"', src)
+    assert urls == [REPO_URL]
+    assert "ipywidgets==" not in src and "ipywidgets>" not in src
+    assert "--no-deps" in src  # Colab's torch and ipywidgets stay as they are
+
+
+def test_readme_links_every_lesson_in_colab():
+    readme = (ROOT / "README.md").read_text()
+    slug = REPO_URL.removeprefix("https://github.com/")
+    for nb in NOTEBOOKS:
+        link = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{nb.name}"
+        assert link in readme, f"README has no Open-in-Colab link for {nb.name}"
+
+
+def test_readme_commands_are_the_makefile_targets_ci_calls():
+    readme = (ROOT / "README.md").read_text()
+    first_block = readme.split("```bash", 1)[1].split("```", 1)[0]
+    assert re.search(r"^make lab\b", first_block, re.M) and re.search(r"^make test\b", first_block, re.M)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r'^make test TORCH_SPEC="\$TORCH_SPEC"$', ci, re.M)
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+
+
+def _requirements_of_pyproject():
+    project = PYPROJECT["project"]
+    return set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+
+
+def test_environment_yml_matches_pyproject():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = {r for r in pip_section if not r.startswith("-e")}
+    assert listed == _requirements_of_pyproject()
+    assert "-e ." in pip_section
+    assert any(str(d).startswith("python") for d in env["dependencies"])
+
+
+def test_every_notebook_has_a_kernelspec_and_a_jupytext_pair():
+    for nb_path in NOTEBOOKS:
+        nb = nbformat.read(nb_path, as_version=4)
+        assert nb.metadata["kernelspec"]["name"] == "python3", nb_path.name
+        assert nb_path.with_suffix(".py").exists(), f"{nb_path.name} has no .py pair"
+
+
+def test_no_deprecated_amp_api_anywhere():
+    pattern = re.compile(r"torch\.(cuda|cpu)\.amp\.(GradScaler|autocast|custom_fwd|custom_bwd)")
+    files = [*ROOT.glob("src/**/*.py"), *ROOT.glob("notebooks/*.py"), *ROOT.glob("benchmarks/*.py")]
+    offenders = [str(f.relative_to(ROOT)) for f in files if pattern.search(f.read_text())]
+    assert not offenders
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not (Path(sys.prefix) / ".installed").exists() and not os.environ.get("CI"),
+                    reason="make lab is checked where the Makefile built this environment")
+def test_make_lab_serves_the_first_lesson(tmp_path):
+    port, token = _free_port(), secrets.token_hex(16)
+    args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} --allow-root"
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
+    proc = subprocess.Popen(["make", "-s", "lab", f"VENV={sys.prefix}", f"LAB_ARGS={args}"], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api/contents/00_start_here.ipynb?token={token}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    body = resp.read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(1)
+        assert '"name": "00_start_here.ipynb"' in body or '"name":"00_start_here.ipynb"' in body
+        assert "seed_everything" in body
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
