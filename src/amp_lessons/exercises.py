@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class Verdict:
@@ -23,8 +25,292 @@ class Verdict:
 
 # --- 01_number_formats ---------------------------------------------------------------
 
+
+def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
+    """01: is ``scale`` a loss scale that puts at least ``target`` of the nonzero ``grads``
+    in fp16's normal range, with none overflowing? It must be a power of two, as
+    GradScaler's are: multiplying by one changes only the exponent, so it rounds nothing.
+    """
+    import math
+
+    from .formats import check_scale, scaled_census
+
+    if scale is None or (isinstance(scale, str) and scale.strip() in ("", "?")):
+        return Verdict(False, ["no answer yet: set the scale to a power of two, e.g. 2.0**4"])
+    try:
+        scale = check_scale(scale)
+    except ValueError as err:
+        return Verdict(False, [str(err)])
+    k = math.log2(scale)
+    findings, passed = [], True
+    if k != round(k):
+        passed = False
+        findings.append(f"{scale:g} is not a power of two: multiplying by it rounds every "
+                        "gradient's mantissa; GradScaler only uses powers of two (2.0**k)")
+    label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
+    c = scaled_census(grads, "fp16", scale)
+    normal = c.fraction("normal")
+    findings.append(f"at {label}: {normal:.2%} of the {c.nonzero:,} nonzero gradients are normal "
+                    f"in fp16 (the goal: at least {target:.0%}); {c.flushed} flushed to zero, "
+                    f"{c.subnormal} subnormal, {c.overflow} overflow")
+    if c.overflow:
+        passed = False
+        findings.append(f"too large: {c.overflow} values overflow to inf, and one inf makes "
+                        "GradScaler skip the whole step; try a smaller power of two")
+    elif normal < target:
+        passed = False
+        findings.append("too small: too many values are still flushed or subnormal; try a "
+                        "larger power of two")
+    return Verdict(passed, findings)
+
+
 # --- 02_autocast ---------------------------------------------------------------------
+
+
+def dtype_exercise(device=None, seed: int = 0):
+    """02's "predict the dtype" model: ``(model, x, target, loss_fn)`` on ``device``.
+
+    Conv2d -> GroupNorm -> GELU -> Flatten -> Linear -> LogSoftmax on 8x8 one-channel
+    images, NLL loss. Its answers differ between CPU and CUDA autocast (GroupNorm and
+    log_softmax are on CUDA's float32 list, not on the CPU's), so the learner has to reason
+    with this device's lists. Built under its own seed; the global RNG is left untouched.
+    """
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    from .hardware import pick_device
+
+    dev = pick_device(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.GELU(), nn.Flatten(),
+            nn.Linear(8 * 8 * 8, 10), nn.LogSoftmax(dim=1),
+        )
+        x, target = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    return model.to(dev), x.to(dev), target.to(dev), F.nll_loss
+
+
+def check_dtype_predictions(predictions: dict, trace) -> Verdict:
+    """02: compare ``{aten op: predicted dtype}`` with the dtypes a live trace recorded.
+
+    A prediction is a precision name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"float32"``...)
+    or a torch dtype; ``"?"`` or ``None`` means not answered yet. ``trace`` is an
+    :class:`amp_lessons.trace.Trace` run on this device.
+    """
+    from .precision import dtype_of
+    from .trace import short
+
+    if not predictions:
+        return Verdict(False, ["no predictions: fill in the dict, one aten op per entry"])
+    ran = sorted({r.op for r in trace.rows()})
+    findings, passed = [], True
+    for op, guess in predictions.items():
+        actual = trace.dtypes_of(op)
+        if not actual:
+            passed = False
+            findings.append(f"{op}: did not run in this trace; ops that ran: {', '.join(ran)}")
+            continue
+        if guess is None or (isinstance(guess, str) and guess.strip() in ("", "?")):
+            passed = False
+            findings.append(f"{op}: no prediction yet (write 'fp32', 'bf16' or 'fp16')")
+            continue
+        try:
+            predicted = dtype_of(guess)
+        except ValueError:
+            passed = False
+            findings.append(f"{op}: {guess!r} is not a dtype; write 'fp32', 'bf16' or 'fp16'")
+            continue
+        got = " and ".join(sorted(short(d) for d in actual))
+        if actual == {predicted}:
+            findings.append(f"{op}: {got}, right")
+        else:
+            passed = False
+            findings.append(f"{op}: you predicted {short(predicted)}; on {trace.device} it ran in {got}")
+    return Verdict(passed, findings)
+
 
 # --- 03_grad_scaler ------------------------------------------------------------------
 
 # --- 04_clipping ---------------------------------------------------------------------
+
+
+def broken_clipping_loop(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    """04's exercise: fp16 training with gradient accumulation and clipping. Fix it."""
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler()
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                logits = model(x.to(device))
+                loss = torch.nn.functional.cross_entropy(logits, y.to(device)) / accum_steps
+                scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def fixed_clipping_loop(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    """04's exercise, solved: the reference :func:`check_clipping_loop` compares against."""
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type)  # the device: GradScaler() means "cuda"
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                logits = model(x.to(device))
+                loss = torch.nn.functional.cross_entropy(logits, y.to(device)) / accum_steps
+            scaler.scale(loss).backward()  # inside autocast gave the same gradients
+        scaler.unscale_(opt)  # once per optimizer step, after the last micro-batch
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # on true gradients
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+_LOOP_ERROR_HINTS = {
+    "already been called": "unscale_ runs once per optimizer step: after the last micro-batch, "
+                           "before the clip",
+    "after step()": "unscale_ must come before step(), once per optimizer step",
+    "No inf checks": "update() needs a step() before it: call both once per optimizer step",
+}
+
+
+def _run_clipping_loop(train, steps, accum_steps, lr, batch_size):
+    """Run ``train`` on CPU from a fixed initialisation; return (model, weights before, log,
+    warnings, error)."""
+    import copy
+    import warnings
+
+    from .clipping import lesson_model, record_amp_calls
+    from .data import digits
+
+    model = lesson_model(hidden=32)
+    before = copy.deepcopy(model.state_dict())
+    error = None
+    with record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            train(model, digits(), steps=steps, accum_steps=accum_steps, max_norm=1.0, lr=lr,
+                  batch_size=batch_size)
+        except Exception as err:  # the learner's loop: report it, do not crash the checker
+            error = err
+    return model, before, log, [str(w.message) for w in caught], error
+
+
+def _weight_change(model, before) -> torch.Tensor:
+    return torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
+
+
+def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accum_steps=4) -> Verdict:
+    """04: run the learner's version of :func:`broken_clipping_loop` and say, bug by bug,
+    what is fixed and what is not.
+
+    ``train`` has the signature of :func:`broken_clipping_loop`; it is run on the CPU on a
+    fixed model and the digits, with every GradScaler, scale/unscale_/step/update and clip
+    call recorded, and its result is compared with :func:`fixed_clipping_loop`'s.
+    ``backward_in_autocast_is_a_bug``: the learner's answer (True or False) to "is calling
+    backward inside the autocast block a bug?".
+    """
+    lr, batch_size = 0.5, 32
+    model, before, log, caught, error = _run_clipping_loop(train, steps, accum_steps, lr, batch_size)
+    findings, passed = [], True
+
+    def bug(text):
+        nonlocal passed
+        passed = False
+        findings.append("bug: " + text)
+
+    if error is not None:
+        msg = str(error).splitlines()[0] if str(error) else ""
+        hint = next((h for key, h in _LOOP_ERROR_HINTS.items() if key in msg), "")
+        bug(f"the loop raised {type(error).__name__}: {msg}" + (f" ({hint})" if hint else ""))
+
+    # 1. the GradScaler and its device
+    if not log.scalers:
+        bug("no torch.amp.GradScaler was built in the loop: fp16 needs one, "
+            "torch.amp.GradScaler(device.type)")
+    else:
+        s = log.scalers[0]
+        if not s["device_given"]:
+            state = "enabled" if s["enabled"] else "it warned and disabled itself"
+            bug("torch.amp.GradScaler() was built without a device: it means 'cuda', and on a "
+                "machine without CUDA it warns and disables itself, so nothing is scaled "
+                f"(here: {state}). Pass the device: torch.amp.GradScaler(device.type)")
+        elif s["device"] != "cpu":
+            bug(f"GradScaler({s['device']!r}) for a model on the cpu: pass the model's device, "
+                "torch.amp.GradScaler(device.type)")
+        elif not s["enabled"]:
+            bug("the GradScaler is built with enabled=False: fp16 needs it on")
+        else:
+            findings.append("fixed: the GradScaler is built for the model's device and is on")
+
+    # 2. clip after unscale_
+    clips, scaled = log.clips, log.scaled_clips
+    if not clips:
+        bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt)")
+    elif scaled:
+        bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt), on gradients "
+            "still multiplied by the loss scale: the threshold acts as max_norm/scale. Call "
+            "scaler.unscale_(opt) first, then clip")
+    else:
+        findings.append("fixed: every clip runs after scaler.unscale_(opt)")
+
+    # 3. unscale_, clip, step and update once per optimizer step
+    counts = {name: log.count(name) for name in ("unscale_", "step", "update")}
+    backwards = log.count("scale")
+    if any(n != steps for n in counts.values()):
+        ran = ", ".join(f"{name} {n}x" for name, n in counts.items())
+        bug(f"{ran} for {steps} optimizer steps of {accum_steps} micro-batches: unscale_, "
+            "clip, step and update belong after the last micro-batch of each step only")
+    elif backwards != steps * accum_steps:
+        bug(f"scaler.scale(loss).backward() ran {backwards}x; expected one per micro-batch "
+            f"({steps * accum_steps})")
+    else:
+        findings.append(f"fixed: unscale_, step and update run once per {accum_steps} micro-batches")
+
+    # 4. the question: backward inside autocast
+    inside = sum(c.info["in_autocast"] for c in log.calls if c.name == "scale")
+    where = "inside" if inside else "outside"
+    if backward_in_autocast_is_a_bug is None:
+        passed = False
+        findings.append("question: is calling backward inside the autocast block a bug? Answer "
+                        "with backward_in_autocast_is_a_bug=True or False")
+    else:
+        from .clipping import backward_inside_autocast_matches, lesson_model
+        from .data import digits
+
+        same = backward_inside_autocast_matches(lesson_model(hidden=32), *digits().batch(0, 32))
+        measured = (f"measured on this model, its gradients inside and outside are "
+                    f"{'identical' if same else 'NOT identical'} bit for bit")
+        if backward_in_autocast_is_a_bug:
+            passed = False
+            findings.append("not a bug: backward ops run in the dtype their forward ops ran in, "
+                            f"whatever autocast says at backward time ({measured}). Backward goes "
+                            "outside (the card, PyTorch's docs) because autocast has nothing to "
+                            f"do there. Your loop runs it {where}")
+        else:
+            findings.append(f"right: backward inside autocast is not a bug ({measured}); outside "
+                            f"is the convention. Your loop runs it {where}")
+
+    # 5. the result, against the reference loop
+    if error is None:
+        ref, ref_before, _, _, _ = _run_clipping_loop(fixed_clipping_loop, steps, accum_steps, lr,
+                                                      batch_size)
+        mine, theirs = _weight_change(model, before), _weight_change(ref, ref_before)
+        off = float(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs))
+        if off < 1e-3:
+            findings.append("fixed: the weights end where the reference loop's do")
+        else:
+            bug(f"the weights moved {off:.0%} away from the reference loop's (relative to its "
+                "total change): check that each loss is divided by accum_steps and that "
+                "zero_grad runs only after the step")
+    extra = sorted({w for w in caught if "GradScaler" not in w})
+    findings += [f"warning from your loop: {w}" for w in extra]
+    return Verdict(passed, findings)

@@ -8,10 +8,198 @@ import matplotlib.pyplot as plt  # noqa: F401  (used by the sections below)
 
 # --- 01_number_formats ---------------------------------------------------------------
 
+_BAND = {"normal": "#4c78a8", "subnormal": "#9ecae9"}
+_REGION = {"flushed": "#e45756", "subnormal": "#f2cf5b", "overflow": "#b279a2"}
+
+
+def format_ranges(names=None, values=None):
+    """01: each format's range on a log2 number line: subnormal band (light), normal (dark).
+
+    ``values`` (a tensor, e.g. the captured gradients) adds a grey span from its smallest
+    to its largest nonzero magnitude.
+    """
+    import math
+
+    import torch
+
+    from .formats import FORMATS, format_info
+
+    fmts = [format_info(n) for n in (names or FORMATS)]
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.42 * len(fmts)))
+    for i, f in enumerate(fmts):
+        y = len(fmts) - 1 - i
+        lo, mid, hi = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
+        ax.barh(y, mid - lo, left=lo, height=0.6, color=_BAND["subnormal"])
+        ax.barh(y, hi - mid, left=mid, height=0.6, color=_BAND["normal"])
+        ax.text(lo - 2, y, f"2^{lo:.0f}", ha="right", va="center", fontsize=7)
+        ax.text(hi + 2, y, f"{f.max:.6g}", ha="left", va="center", fontsize=7)
+    if values is not None:
+        mags = values.detach().abs().flatten().double()
+        mags = mags[mags > 0]
+        if mags.numel():
+            lo, hi = torch.log2(mags.min()).item(), torch.log2(mags.max()).item()
+            ax.axvspan(lo, hi, color="0.5", alpha=0.25, label="your gradients (smallest to largest)")
+            ax.legend(loc="lower right", fontsize=8, frameon=False)
+    ax.axvline(0, color="0.3", lw=0.6, ls=":")
+    ax.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
+    ax.set_xlim(-170, 150)
+    ax.set_xlabel("log2 |value|   (x = -24 means 2^-24; light: subnormal, dark: normal)")
+    spans = {f.name: math.log2(f.max) - math.log2(f.smallest_subnormal) for f in fmts}
+    if "fp16" in spans and "bf16" in spans:
+        title = (f"fp16 covers {spans['fp16']:.0f} powers of two; bf16 covers "
+                 f"{spans['bf16']:.0f}, nearly fp32's range")
+    else:
+        title = ", ".join(f"{k} covers {v:.0f} powers of two" for k, v in spans.items())
+    ax.set_title(title, fontsize=10)
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
+
+def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_per_octave: int = 4):
+    """01: the histogram of log2|value| (nonzero values, times ``scale``) under a strip of
+    each format's subnormal (light) and normal (dark) band, with the narrowest format's
+    regions shaded behind the bars: flushed to zero (red), subnormal (yellow), overflow
+    (purple). The title says which share each format flushes to zero (and overflows).
+    """
+    import math
+
+    import numpy as np
+    from matplotlib.patches import Patch
+
+    from .formats import check_scale, format_info, scaled_census
+
+    scale = check_scale(scale)
+    mags = values.detach().abs().flatten().double() * scale
+    logs = np.log2(mags[mags > 0].numpy())
+    fmts = [format_info(n) for n in names]
+    narrow = min(fmts, key=lambda f: f.max)
+    cuts = [math.log2(narrow.flush_below), math.log2(narrow.normal_from), math.log2(narrow.overflow_from)]
+    lo = math.floor(min(logs.min() if logs.size else cuts[0], cuts[0] - 2)) - 1
+    hi = math.ceil(max(logs.max() if logs.size else cuts[2], cuts[2] + 2)) + 1
+    fig, (top, ax) = plt.subplots(2, 1, sharex=True, figsize=(9, 4.4),
+                                  gridspec_kw={"height_ratios": [0.25 * len(fmts), 3]})
+    for i, f in enumerate(fmts):
+        y = len(fmts) - 1 - i
+        sub, nor, mx = (math.log2(v) for v in (f.smallest_subnormal, f.smallest_normal, f.max))
+        top.barh(y, nor - sub, left=sub, height=0.7, color=_BAND["subnormal"])
+        top.barh(y, mx - nor, left=nor, height=0.7, color=_BAND["normal"])
+    top.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
+    top.tick_params(bottom=False)
+    top.spines[["top", "right", "bottom"]].set_visible(False)
+    regions = [(lo, cuts[0], "flushed"), (cuts[0], cuts[1], "subnormal"), (cuts[2], hi, "overflow")]
+    for a, b, kind in regions:
+        ax.axvspan(a, b, color=_REGION[kind], alpha=0.25, lw=0)
+    counts, edges = np.histogram(logs, bins=np.arange(lo, hi + 1e-9, 1 / bins_per_octave))
+    ax.stairs(np.maximum(counts, 0.5), edges, fill=True, baseline=0.5, color="0.3")
+    ax.set_yscale("log")
+    ax.set_ylim(0.7, None)
+    ax.set_xlim(lo, hi)
+    k = math.log2(scale)
+    label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
+    ax.set_xlabel("log2 |gradient|" + ("" if scale == 1 else f" after the loss scale {label}"))
+    ax.set_ylabel("gradient values per bin\n(log scale)")
+    ax.legend(handles=[Patch(color=_REGION[k], alpha=0.4, label=f"{narrow.name}: {k}")
+                       for _, _, k in regions], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=8, frameon=False)
+    census = [scaled_census(values, f.name, scale) for f in fmts]
+    first, *rest = census
+    title = ("" if scale == 1 else f"loss scale {label}: ") + (
+        f"{first.format} flushes {first.fraction('flushed'):.2%} of these gradients to zero")
+    title += "".join(f", {c.format} {c.fraction('flushed'):.2%}" for c in rest)
+    if any(c.overflow for c in census):
+        title += "; " + ", ".join(f"{c.format} overflows {c.fraction('overflow'):.2%}" for c in census)
+    top.set_title(title, fontsize=10)
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
+
 # --- 02_autocast ---------------------------------------------------------------------
+
+
+def op_dtypes(traces: dict):
+    """02: one row per traced model, one cell per op of forward + loss, coloured by dtype.
+
+    ``traces`` maps a label to an :class:`amp_lessons.trace.Trace`. Blue: the op ran
+    16-bit; orange: it stayed float32; grey: a cast autocast inserted. Views are left out.
+    """
+    from matplotlib.patches import Patch, Rectangle
+
+    colors = {"low": "#4c78a8", "fp32": "#f58518", "cast": "#bab0ac", "other": "#eeeeee"}
+    rows = {k: [r for r in t.rows() if r.module != "(backward)"] for k, t in traces.items()}
+    width = max(len(v) for v in rows.values())
+    pitch = 2.2  # row spacing, in cell heights: room for the op names above each row
+    fig, ax = plt.subplots(figsize=(min(2 + 0.32 * width, 14), 0.6 + 1.5 * len(rows)))
+    for i, recs in enumerate(rows.values()):
+        y = (len(rows) - 1 - i) * pitch
+        for x, r in enumerate(recs):
+            key = "cast" if r.kind == "cast" else "low" if r.low else "fp32" if r.fp32 else "other"
+            ax.add_patch(Rectangle((x, y), 0.92, 0.8, color=colors[key]))
+            ax.text(x + 0.3, y + 0.86, r.op, rotation=60, fontsize=6, ha="left", va="bottom")
+    ax.set(xlim=(-0.2, width + 0.5), ylim=(-0.2, (len(rows) - 1) * pitch + 2.0),
+           xlabel="op number, in the order the ops ran (forward + loss; views left out)")
+    ax.set_yticks([(len(rows) - 1 - i) * pitch + 0.4 for i in range(len(rows))], list(rows))
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    comp = [r for recs in rows.values() for r in recs if r.kind == "compute"]
+    first = next(iter(traces.values()))
+    ax.set_title(f"autocast {first.dtype} on {first.device}: {sum(r.low for r in comp)} of "
+                 f"{len(comp)} computing ops ran 16-bit, {sum(r.fp32 for r in comp)} stayed float32",
+                 fontsize=10)
+    ax.legend(handles=[Patch(color=colors[k], label=label) for k, label in
+                       (("low", "ran 16-bit"), ("fp32", "stayed float32"), ("cast", "cast"))],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
 
 # --- 03_grad_scaler ------------------------------------------------------------------
 
 # --- 04_clipping ---------------------------------------------------------------------
+
+
+def clipping_runs(runs: dict, max_norm: float):
+    """04: the same training run clipped three ways, step by step, in three panels.
+
+    ``runs`` maps a label to a :class:`amp_lessons.training.History` of a clipped run; the
+    first is the reference. Left: the norm the clip saw, against ``max_norm``. Middle: the
+    norm of the (unscaled) gradient the optimizer applied, with each run's effective
+    threshold (``max_norm`` over the scale when the clip ran before ``unscale_``) dashed.
+    Right: the loss. The title compares the run with the smallest updates to the reference.
+    """
+    import statistics
+
+    from .clipping import measured_thresholds
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    colors = ["#4c78a8", "#54a24b", "#e45756", "#b279a2", "#f58518"]
+    for (label, h), color in zip(runs.items(), colors):
+        steps = h["step"]
+        axes[0].plot(steps, h["clip_seen_norm"], color=color, lw=1.2, label=label)
+        axes[1].plot(steps, h["applied_norm"], color=color, lw=1.2, label=label)
+        threshold = statistics.median(measured_thresholds(h, max_norm))
+        axes[1].axhline(threshold, color=color, ls="--", lw=1,
+                        label=f"its threshold {threshold:.3g}")
+        axes[2].plot(steps, h["loss"], color=color, lw=1.2, label=label)
+    axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
+    axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip compared",
+                title="what clip_grad_norm_ saw")
+    axes[1].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm of the applied gradient",
+                title="what the optimizer applied (unscaled)")
+    axes[2].set(xlabel="optimizer step", ylabel="training loss (cross-entropy, nats)",
+                title="loss")
+    for ax in axes:
+        ax.legend(fontsize=7, frameon=False)
+    labels = list(runs)
+    ref = runs[labels[0]]
+    worst = min(labels, key=lambda k: statistics.median(runs[k]["applied_norm"]))
+    ratio = statistics.median(ref["applied_norm"]) / statistics.median(runs[worst]["applied_norm"])
+    tail = max(1, len(ref) // 10)
+    fig.suptitle(f"{worst}: updates {ratio:,.0f}x smaller than {labels[0]}'s; loss after "
+                 f"{len(ref)} steps {statistics.fmean(runs[worst]['loss'][-tail:]):.2f} vs "
+                 f"{statistics.fmean(ref['loss'][-tail:]):.2f}", fontsize=11)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
 
 # --- 05_putting_it_together ----------------------------------------------------------

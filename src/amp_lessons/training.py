@@ -138,7 +138,7 @@ class GradientRecorder:
     def attach(self, trainer: Trainer) -> None:
         for m in trainer.model.modules():
             if isinstance(m, self.module_types):
-                self._handles.append(m.register_full_backward_hook(self._on_backward))
+                self._handles.append(m.register_forward_hook(self._on_forward))
 
     def detach(self) -> None:
         for h in self._handles:
@@ -148,9 +148,14 @@ class GradientRecorder:
     def before_step(self, trainer: Trainer) -> None:
         self._armed = trainer.step_count in self.steps
 
-    def _on_backward(self, module, grad_input, grad_output):
-        if self._armed and grad_output[0] is not None:
-            self._activations.append(grad_output[0].detach().float().flatten().cpu())
+    def _on_forward(self, module, inputs, output):
+        # A tensor hook on the output sees the gradient flowing into the layer from above
+        # (its grad_output), also for a first layer whose input needs no gradient.
+        if self._armed and output.requires_grad:
+            output.register_hook(self._on_grad)
+
+    def _on_grad(self, grad):
+        self._activations.append(grad.detach().float().flatten().cpu())
 
     def after_backward(self, trainer: Trainer) -> None:
         if not self._armed:

@@ -73,6 +73,92 @@ def precision_picker(device=None, value: str = "bf16"):
 
 # --- 01_number_formats ---------------------------------------------------------------
 
+
+def parse_number(text) -> float:
+    """A typed number: ``"1e-4"``, ``"65504"``, ``"inf"``, or a power of two ``"2^-24"``/``"2**-24"``."""
+    import re
+
+    s = str(text).strip().replace(" ", "")
+    m = re.fullmatch(r"([+-]?)2(?:\^|\*\*)\(?([+-]?\d+)\)?", s)
+    if m:
+        return (-1.0 if m.group(1) == "-" else 1.0) * 2.0 ** int(m.group(2))
+    try:
+        return float(s)
+    except ValueError:
+        raise ValueError(f"type a number such as 1e-4, 65504 or 2^-24; got {text!r}") from None
+
+
+def value_in_format(text, name) -> str:
+    """01: a typed value stored in format ``name``: its bits, the value kept, the error."""
+    from .formats import bits_of
+
+    try:
+        value = parse_number(text)
+    except ValueError as err:
+        return str(err)
+    return str(bits_of(value, name))
+
+
+def format_explorer(value: str = "0.1", name: str = "fp16"):
+    """01's first widget: pick a format, type a value, read how it is stored."""
+    from .formats import FORMATS, parse_format
+
+    fmt = W.ToggleButtons(options=list(FORMATS), value=parse_format(name), description="format")
+    text = W.Text(value=str(value), description="value")
+    return live([fmt, text], lambda: value_in_format(text.value, fmt.value))
+
+
+def loss_scale_explorer(grads, exponent: int = 0, max_exponent: int = 24, histogram: bool = True):
+    """01's slider: a loss scale 2^0 .. 2^max_exponent over ``grads``; shows the percentages
+    flushed to zero, subnormal, normal and overflowed in fp16 and bf16
+    (:func:`amp_lessons.formats.scale_table`) and the shifted histogram
+    (:func:`amp_lessons.plots.gradient_histogram`). ``.slider``, ``.table`` and
+    ``.histogram`` are its parts."""
+    from .formats import scale_table
+    from .plots import gradient_histogram
+
+    slider = W.SelectionSlider(options=[(f"2^{k}", 2.0**k) for k in range(max_exponent + 1)],
+                               value=2.0**exponent, description="loss scale", continuous_update=False)
+    table = live([slider], lambda: scale_table(grads, slider.value))
+    parts = [table]
+    hist = None
+    if histogram:
+        hist = live([], lambda: gradient_histogram(grads, slider.value), figure=True)
+        slider.observe(hist.refresh, names="value")
+        parts.append(hist)
+    box = W.VBox(parts)
+    box.slider, box.table, box.histogram = slider, table, hist
+    return box
+
+
 # --- 02_autocast ---------------------------------------------------------------------
+
+
+def autocast_table(model: str = "card_model", precision: str = "bf16", device=None) -> str:
+    """02: the traced table (and per-module summary) of one lesson model under autocast.
+
+    ``model`` is one of :data:`amp_lessons.trace.EXAMPLES`; ``<- fp32`` marks the ops that
+    stayed float32.
+    """
+    from .trace import trace_example
+
+    tr = trace_example(model, precision, device)
+    return "\n\n".join([tr.headline(), tr.table(), tr.summary()])
+
+
+def autocast_explorer(device=None, precision: str = "bf16", model: str = "card_model"):
+    """02's widget: pick a model, a 16-bit dtype and (where there is a choice) a device;
+    the traced table re-renders. Only the devices this machine has are offered."""
+    from .hardware import available_devices
+    from .precision import parse_precision
+    from .trace import EXAMPLES
+
+    dev = W.ToggleButtons(options=available_devices(), value=pick_device(device).type,
+                          description="device")
+    prec = W.ToggleButtons(options=[("bfloat16", "bf16"), ("float16", "fp16")],
+                           value=parse_precision(precision), description="dtype")
+    which = W.ToggleButtons(options=list(EXAMPLES), value=model, description="model")
+    return live([which, prec, dev], lambda: autocast_table(which.value, prec.value, dev.value))
+
 
 # --- 03_grad_scaler ------------------------------------------------------------------

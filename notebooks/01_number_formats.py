@@ -1,0 +1,335 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Number formats: where your gradients fit, and where they vanish
+#
+# A 16-bit float has to split its bits between **range** (exponent bits: how small and
+# how large a number can get) and **precision** (mantissa bits: how finely numbers are
+# spaced). float16 and bfloat16 split them in opposite ways. In this lesson you will see
+# what that does to real gradients from a training run on this machine:
+#
+# - the formats side by side: bits, largest value, smallest normal and subnormal, spacing;
+# - what each format keeps of `1 + 1e-4` and of `1e-8`;
+# - the histogram of your gradients with each format's range drawn over it, and a
+#   loss-scale slider that moves it (what `GradScaler` does in lesson 03).
+
+# %%
+# Setup, the same in every lesson: on Colab, install the course package first.
+import importlib.util
+import subprocess
+import sys
+
+REPO = "https://github.com/amp-lessons/amp-lessons"
+if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
+    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+
+import torch
+
+import amp_lessons
+
+amp_lessons.seed_everything(0)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = amp_lessons.pick_device()
+print(f"training on {device.type}:", amp_lessons.hardware_report().recommended, "is recommended here")
+
+# %% [markdown]
+# ## The formats side by side
+#
+# Every float is `sign x 1.mantissa x 2^(exponent - bias)`. More exponent bits reach
+# further from 1 in both directions; more mantissa bits put the numbers closer together.
+# Below the smallest *normal* number a format still has *subnormals*: the leading 1
+# becomes a 0, so they reach further down but with fewer significant bits.
+#
+# **Predict:** float16 and bfloat16 both have 16 bits. Which one has more mantissa bits?
+# Which one reaches smaller numbers?
+
+# %%
+from amp_lessons.formats import FORMATS, format_info, formats_table
+
+print(formats_table())
+
+# %% [markdown]
+# The figures come from `torch.finfo` for every format torch has a dtype for. TF32 is not
+# a dtype: it is float32 with the mantissa rounded to 10 bits inside NVIDIA tensor cores
+# (lesson 05), so its figures follow from its layout. The two fp8 formats are a preview:
+# `e4m3fn` has no infinity, which buys it one more binade of range.
+#
+# The same ranges on a number line, in powers of two:
+
+# %%
+from amp_lessons.plots import format_ranges
+
+format_ranges()
+
+# %% [markdown]
+# bfloat16 keeps float32's 8 exponent bits, so it has float32's range. float16 spends
+# its bits on mantissa instead, so its range is the short bar.
+#
+# ## Two numbers in every format
+#
+# **Predict:** which formats can tell `1 + 1e-4` from `1`? Which ones keep `1e-8` at all?
+
+# %%
+from amp_lessons.formats import round_to_format
+
+values = torch.tensor([1 + 1e-4, 1e-8], dtype=torch.float64)
+for name in FORMATS:
+    stored = round_to_format(values, name).tolist()
+    print(f"{name:<9} 1 + 1e-4 -> {stored[0]:<12.10g} 1e-8 -> {stored[1]:.6g}")
+
+# %% [markdown]
+# `1 + 1e-4` needs a spacing finer than `1e-4` next to 1; only float32 has one (its
+# `eps` in the table). `1e-8` needs range: float32, tf32 and bfloat16 keep it, with the
+# error their mantissa allows, while float16 and the fp8 formats flush it to zero.
+# Here are its bits in bfloat16 and in float16:
+
+# %%
+from amp_lessons.formats import bits_of
+
+print(bits_of(1e-8, "bf16"))
+print(bits_of(1e-8, "fp16"))
+
+# %% [markdown]
+# ## The bottom of float16
+#
+# float16's smallest subnormal is a single 1 in the last mantissa bit:
+
+# %%
+tiny = format_info("fp16").smallest_subnormal
+print(tiny, tiny == 2.0**-24)
+print(bits_of(tiny, "fp16"))
+
+# %% [markdown]
+# **Predict:** what does float16 store for `0.75 x tiny`, `0.5 x tiny` and `0.49 x tiny`?
+
+# %%
+for f in (1.0, 0.75, 0.5, 0.49):
+    print(f"{f:>4} x 2^-24 is stored as {bits_of(f * tiny, 'fp16').stored:.6g}")
+
+# %% [markdown]
+# Rounding goes to the nearest float16. Exactly half of `tiny` is a tie between 0 and
+# `tiny`, and ties go to the neighbour whose last bit is even: 0. Anything smaller is
+# **flushed to zero**: the value is gone, not just imprecise. Between `tiny` and the smallest
+# normal, values survive as subnormals with fewer significant bits:
+
+# %%
+print(bits_of(1e-6, "fp16"))
+
+# %% [markdown]
+# The top end fails the other way: the largest float16 is 65504, and a bit more is `inf`.
+
+# %%
+for v in (65504.0, 65519.0, 65520.0):
+    print(f"{v:g} is stored as {bits_of(v, 'fp16').stored}")
+
+# %% [markdown]
+# ### Try it: any value, any format
+#
+# Pick a format and type a value (`1e-4`, `3.14159`, `2^-24` or `2**-24` for powers of
+# two). The view shows the bits, the value kept and the relative error. Try `1e-8`,
+# `70000` and `0.1` in each format.
+
+# %%
+from amp_lessons.widgets import format_explorer
+
+format_explorer("1e-8", "fp16")
+
+# %% [markdown]
+# ## Your gradients
+#
+# So far, single numbers. What matters in training is where the **gradients** lie. Below,
+# a small MLP learns the 8x8 handwritten digits in float32 for 100 steps on this machine,
+# and `GradientRecorder` keeps the gradients of step 100: every weight's gradient, and the
+# gradients that flow between the layers during backward (the `grad_output` of each
+# `Linear`). In float32 nothing is lost, so these are the values a 16-bit backward pass
+# would have to hold.
+
+# %%
+from amp_lessons.data import digits
+from amp_lessons.models import mlp
+from amp_lessons.training import GradientRecorder, Trainer
+
+recorder = GradientRecorder(steps={100})
+trainer = Trainer(mlp(64, 64, 10, depth=2), digits(), precision="fp32", device=device,
+                  lr=3e-3, callbacks=[recorder])
+history = trainer.fit(steps=101)
+print(f"loss {history['loss'][0]:.3f} -> {history['loss'][-1]:.3f}, test accuracy {trainer.evaluate():.3f}")
+
+# %%
+grads = torch.cat([recorder.weight_grads, recorder.activation_grads])
+print(f"{recorder.weight_grads.numel():,} weight-gradient and "
+      f"{recorder.activation_grads.numel():,} activation-gradient values")
+print(f"{(grads == 0).sum().item():,} are exactly zero (ReLU passes no gradient where it was off)")
+
+# %% [markdown]
+# **Predict:** what share of the nonzero values would float16 flush to zero? And bfloat16?
+#
+# `census` classifies every value for a format: flushed to zero, subnormal (kept, less
+# precise), normal, or overflowed. Shares are of the nonzero values.
+
+# %%
+from amp_lessons.formats import census
+
+fp16, bf16 = census(grads, "fp16"), census(grads, "bf16")
+print(fp16)
+print(bf16)
+print(f"fp16 flushes {fp16.flushed} values; bf16 flushes {bf16.flushed}")
+print("fp16 flushes some:", fp16.flushed > 0, "| bf16 flushes none:", bf16.flushed == 0)
+
+# %% [markdown]
+# Which gradients are the small ones? The activation gradients: the gradient of the loss
+# with respect to the logits is `softmax - onehot`, and for a class the model is sure
+# about, softmax is tiny.
+
+# %%
+for label, part in (("weights", recorder.weight_grads), ("activations", recorder.activation_grads)):
+    c = census(part, "fp16")
+    print(f"{label:<12} flushed {c.fraction('flushed'):.3%}  subnormal {c.fraction('subnormal'):.2%}")
+
+# %% [markdown]
+# ## The picture
+#
+# The histogram below counts your gradients by their power of two, `log2 |g|`. Behind the
+# bars, float16's regions: red is flushed to zero, yellow is subnormal, purple overflows.
+# Above them, each format's subnormal (light) and normal (dark) band. It is the figure
+# NVIDIA's *Mixed Precision Training* paper (Micikevicius et al., 2018) made famous,
+# drawn from your own run.
+
+# %%
+from amp_lessons.plots import gradient_histogram
+
+gradient_histogram(grads)
+
+# %% [markdown]
+# Look where the bars sit: at the bottom of float16's range, while its top, up to 65504,
+# stays empty. Is float16's range too narrow for these gradients, or just in the wrong
+# place? Compare how many powers of two each spans:
+
+# %%
+nonzero = grads[grads != 0].abs()
+span = (nonzero.max().log2() - nonzero.min().log2()).item()
+f16 = format_info("fp16")
+print(f"your gradients span {span:.1f} powers of two; "
+      f"float16 spans {torch.tensor(f16.max / f16.smallest_subnormal).log2().item():.1f}")
+#
+# ## Loss scaling moves the histogram
+#
+# Multiply the loss by `2^k` and, by the chain rule, every gradient is multiplied by
+# `2^k`: the histogram slides `k` to the right. A power of two changes only the exponent,
+# so the scaling itself rounds nothing. `GradScaler` (lesson 03) does exactly this, and
+# divides by `2^k` again in float32 before the optimizer step.
+#
+# **Predict:** with the scale `2^16` (`GradScaler`'s starting scale), how many values still
+# flush in float16, and does any overflow?
+
+# %%
+from amp_lessons.formats import scale_table
+
+print(scale_table(grads, 2.0**16))
+print("GradScaler starts at", torch.amp.GradScaler(device.type).get_scale())
+
+# %%
+gradient_histogram(grads, scale=2.0**16)
+
+# %% [markdown]
+# ### Try it: the loss-scale slider
+#
+# Move the scale from `2^0` to `2^24`. The table gives the shares flushed, subnormal,
+# normal and overflowed in float16 and bfloat16; the histogram moves with it. Find where
+# the red region empties, and where the bars reach purple.
+
+# %%
+from amp_lessons.widgets import loss_scale_explorer
+
+loss_scale_explorer(grads)
+
+# %% [markdown]
+# The scales that leave no value flushed and none overflowing, for these gradients:
+
+# %%
+from amp_lessons.formats import scaled_census
+
+clean = [k for k in range(25) if (c := scaled_census(grads, "fp16", 2.0**k)).flushed == 0 and c.overflow == 0]
+print("scale 2^k with nothing flushed and nothing overflowing, k =", clean)
+c16 = scaled_census(grads, "fp16", 2.0**16)
+print(f"at 2^16: flushed {c16.fraction('flushed'):.3%}, overflow {c16.fraction('overflow'):.3%}")
+
+# %% [markdown]
+# Too large a scale overflows: a single `inf` makes `GradScaler` skip the step and halve
+# the scale; after `growth_interval` clean steps it doubles it again. Lesson 03 shows it
+# finding its way into this window on its own.
+#
+# ## Why bfloat16 needs no scaler, and what it pays
+#
+# bfloat16 has float32's exponent range: the census above found nothing flushed, at scale
+# 1. It pays in mantissa: 7 bits instead of float16's 10. **Predict:** what does each
+# format store for `1 + 2^-8` and `1 + 2^-7`?
+
+# %%
+close_to_one = torch.tensor([1 + 2.0**-8, 1 + 2.0**-7])
+for name in ("fp16", "bf16"):
+    print(name, round_to_format(close_to_one, name).tolist())
+
+# %% [markdown]
+# bfloat16 cannot tell `1 + 2^-8` from 1. On your gradients: the typical relative error
+# of each format, and the worst (1.0 means the value was lost entirely):
+
+# %%
+from amp_lessons.formats import rounding_error
+
+for name in ("fp16", "bf16"):
+    err = rounding_error(grads, name)
+    print(f"{name}: median relative error {err.median().item():.1e}, worst {err.max().item():.4f}")
+
+# %% [markdown]
+# float16 stores the typical gradient more precisely, but loses the small ones outright;
+# bfloat16 is coarser everywhere and loses nothing. That is why autocast in bfloat16
+# runs without a `GradScaler`, and why float16 needs one.
+#
+# ## Remember
+#
+# - bfloat16 has float32's exponent range: your gradients did not flush to zero in it,
+#   so it needs no loss scaling. It pays with a coarse mantissa (`1 + 2^-8` is 1).
+# - float16 has more mantissa but a narrow range: below `2^-24` values flush to zero, and
+#   below `2^-14` they lose precision as subnormals. Small gradients (above all, the
+#   activation gradients) fall there.
+# - A loss scale `2^k` slides every gradient `k` powers of two up, exactly, into float16's
+#   range; too large a scale overflows to `inf`.
+#
+# ## Watch out
+#
+# - A flushed gradient is silent: no error, no NaN, just a zero (and a weight that stops
+#   learning). Count zeros, as `census` did, before trusting float16.
+# - float16 overflows from 65520 on (the cell on the top of float16): one `inf` in the
+#   gradients and `GradScaler` skips the whole step.
+# - fp8 is narrower still: e4m3fn has no `inf` and saturates at 448 in torch's cast.
+#
+# ## Exercise: pick a loss scale
+#
+# Find a loss scale, a power of two, that puts at least 99% of the nonzero gradients of
+# your run in float16's **normal** range, with none overflowing. Use the slider or the
+# table, replace `2.0**4`, and run the two cells.
+
+# %%
+my_scale = 2.0**4
+
+# %%
+from amp_lessons.exercises import check_loss_scale
+
+check_loss_scale(my_scale, grads)

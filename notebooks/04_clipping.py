@@ -1,0 +1,359 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Clipping with a GradScaler: `unscale_` first
+#
+# The card's last warning: *"If you clip gradients with a scaler, call
+# `scaler.unscale_(opt)` before clipping."* After `scaler.scale(loss).backward()` every
+# gradient is multiplied by the loss scale. A clip that runs before `unscale_` compares
+# that inflated norm with your `max_norm`, so it clips far too hard. This lesson measures
+# how hard, on a training run beside the right order and a float32 reference; then it
+# does the same for gradient accumulation, where `unscale_`, `step` and `update` are
+# easy to put in the wrong place.
+
+# %%
+# Setup, the same in every lesson: on Colab, install the course package first.
+import importlib.util
+import subprocess
+import sys
+
+REPO = "https://github.com/amp-lessons/amp-lessons"
+if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
+    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+
+import torch
+
+import amp_lessons
+
+amp_lessons.seed_everything(0)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = amp_lessons.pick_device()
+report = amp_lessons.hardware_report()
+print(f"device {device} ({report.name}), torch {report.torch_version}")
+
+# %% [markdown]
+# ## One step, two orders
+#
+# One batch of the 8x8 digits, one small MLP, one backward pass in float16 with a
+# GradScaler, then `clip_grad_norm_(params, max_norm=1.0)`. `one_clipped_step` runs it
+# in either order and measures the true (unscaled) gradient norm, the norm the clip saw,
+# and the norm of the gradient the optimizer would apply.
+#
+# **Predict**: clipping *before* `unscale_`, which norm will the clip see, and what will
+# be left of the gradient?
+
+# %%
+from amp_lessons.clipping import lesson_model, one_clipped_step
+from amp_lessons.data import digits
+
+data = digits()
+x, y = data.batch(0, 64)
+MAX_NORM = 1.0
+CASES = [("fp32", "unscale_first"), ("fp16", "unscale_first"), ("fp16", "before_unscale")]
+
+# %%
+results = {}
+print(f"{'':<22}{'scale':>7}{'true norm':>11}{'clip saw':>11}{'applied':>10}")
+for precision, order in CASES:
+    r = one_clipped_step(lesson_model().to(device), x, y, precision, max_norm=MAX_NORM, order=order)
+    results[precision, order] = r
+    print(f"{precision + ', ' + order:<22}{r.scale:>7g}{r.true_norm:>11.4f}{r.seen:>11.4g}"
+          f"{r.applied_norm:>10.3g}")
+
+# %% [markdown]
+# All three runs start from the same gradient (the "true norm" column). Below `max_norm`,
+# the right order leaves it alone, as float32 does. The wrong order saw the true norm
+# times the scale, far above `max_norm`, and cut the gradient down to a norm of
+# `max_norm / scale`:
+
+# %%
+from amp_lessons.clipping import effective_threshold
+
+r = results["fp16", "before_unscale"]
+print(f"clip saw / true norm:  {r.seen / r.true_norm:g}   (the scale: {r.scale:g})")
+print(f"applied norm:          {r.applied_norm:.4g}")
+print(f"max_norm / scale:      {effective_threshold(MAX_NORM, r.scale, 'before_unscale'):.4g}")
+
+# %% [markdown]
+# So clipping before `unscale_` does not clip at `max_norm`: its **effective threshold is
+# `max_norm / scale`**, and with the default scale of 2^16 nearly every gradient is above it.
+#
+# ## A training run, three ways
+#
+# Now the same training, from the same seed, with `clip_norm=1.0` and plain SGD:
+# float32 (the reference), float16 + GradScaler clipping after `unscale_`, and float16 +
+# GradScaler clipping before it (`clip_order="before_unscale"`, which the `Trainer` only
+# allows with `teaching=True`). **Predict**: which of the two fp16 runs tracks float32?
+
+# %%
+from amp_lessons.clipping import clipping_table
+from amp_lessons.training import Trainer
+
+RUNS = {
+    "fp32": ("fp32", "unscale_first"),
+    "fp16, unscale_ then clip": ("fp16", "unscale_first"),
+    "fp16, clip then unscale_": ("fp16", "before_unscale"),
+}
+runs = {}
+for label, (precision, order) in RUNS.items():
+    trainer = Trainer(lesson_model(), data, precision=precision, device=device, optimizer="sgd",
+                      lr=0.5, clip_norm=MAX_NORM, clip_order=order, teaching=True, seed=0)
+    runs[label] = trainer.fit(120)
+print(clipping_table(runs, MAX_NORM))
+
+# %% [markdown]
+# Columns: the loss scale; the median norm the clip saw; the threshold the clip really
+# applied to the true gradients (`max_norm` times true norm over the norm it saw, median
+# over steps); the share of steps it clipped; the median norm of the gradient the
+# optimizer applied; and the mean loss of the last 10 steps. The figure shows them step
+# by step: the norm the clip saw (left), the applied gradient with each run's threshold
+# dashed (middle), and the loss (right).
+
+# %%
+from amp_lessons.plots import clipping_runs
+
+clipping_runs(runs, MAX_NORM)
+
+# %% [markdown]
+# Three numbers to check against the figure. First, the wrong order's clip saw the true
+# norm times the scale, at every step:
+
+# %%
+wrong, right, ref = runs["fp16, clip then unscale_"], runs["fp16, unscale_ then clip"], runs["fp32"]
+ratios = [r.clip_seen_norm / r.grad_norm for r in wrong]
+print(f"clip saw / true norm: min {min(ratios):g}, max {max(ratios):g}; scale {wrong[-1].scale:g}")
+
+# %% [markdown]
+# Second, the threshold it applied, measured at each step, is `max_norm / scale`:
+
+# %%
+from amp_lessons.clipping import measured_thresholds
+
+thresholds = measured_thresholds(wrong, MAX_NORM)
+print(f"measured: {min(thresholds):.4g} .. {max(thresholds):.4g}")
+print(f"max_norm / scale: {MAX_NORM / wrong[-1].scale:.4g}")
+
+# %% [markdown]
+# Third, the right order tracks float32 (float16 rounding apart), and the wrong one
+# barely moves from where it started:
+
+# %%
+gap = max(abs(a - b) for a, b in zip(right["loss"], ref["loss"]))
+print(f"largest loss gap, right order vs fp32: {gap:.3f}")
+print(f"wrong order: loss {wrong['loss'][0]:.3f} at step 0, {wrong['loss'][-1]:.3f} at step {wrong[-1].step}")
+
+# %% [markdown]
+# ## Does Adam hide it?
+#
+# Adam divides each update by a running average of the gradient's own size, so a
+# gradient shrunk by a constant factor gives almost the same step. **Predict**: with AdamW
+# instead of SGD, does the wrong order still crawl?
+
+# %%
+adam_runs = {}
+for label in ("fp16, unscale_ then clip", "fp16, clip then unscale_"):
+    precision, order = RUNS[label]
+    trainer = Trainer(lesson_model(), data, precision=precision, device=device, optimizer="adamw",
+                      lr=1e-3, clip_norm=MAX_NORM, clip_order=order, teaching=True, seed=0)
+    adam_runs[label] = trainer.fit(120)
+print(clipping_table(adam_runs, MAX_NORM))
+
+# %% [markdown]
+# Compare the two `loss` values above: Adam carries on training, although the `applied`
+# column shows that every step still clipped the gradient to `max_norm / scale`. The trap
+# is hidden, not gone. Adam's `eps` (1e-8) is added to the square root of those tiny
+# second moments, and it is no longer small beside them:
+
+# %%
+import statistics
+
+n_params = sum(p.numel() for p in lesson_model().parameters())
+typical = statistics.median(adam_runs["fp16, clip then unscale_"]["applied_norm"]) / n_params**0.5
+print(f"typical |gradient| after the wrong clip: {typical:.1e}   Adam's eps: {1e-8:.0e}")
+
+# %% [markdown]
+# Which is why the loss is the wrong place to look for this bug: look at what the clip saw
+# (below, a check that does it for you).
+#
+# ## `clip_grad_value_` has the same trap
+#
+# `clip_grad_value_(params, clip_value)` clamps each gradient value to
+# `[-clip_value, clip_value]`. **Predict**: what does a clamp at 0.01 become when the values
+# are still multiplied by the scale?
+
+# %%
+CLIP_VALUE = 0.01
+for precision, order in CASES:
+    r = one_clipped_step(lesson_model().to(device), x, y, precision, clip_value=CLIP_VALUE, order=order)
+    print(f"{precision + ', ' + order:<22} largest |g| before {r.seen / r.scale:.4f}, after {r.applied_max:.3g}")
+print(f"clip_value / scale: {CLIP_VALUE / r.scale:.3g}")
+
+# %% [markdown]
+# The same division: the effective clip value is `clip_value / scale`, and every gradient
+# value is clamped into a band thousands of times narrower than the one you asked for.
+#
+# ## `unscale_` once per step
+#
+# `unscale_` divides the gradients by the scale in place. A second call before `update()`
+# would divide them again, so GradScaler refuses. **Predict** what happens:
+
+# %%
+from torch.nn import functional as F
+
+model = lesson_model().to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler(device.type)
+with torch.autocast(device.type, dtype=torch.float16):
+    loss = F.cross_entropy(model(x.to(device)), y.to(device))
+scaler.scale(loss).backward()
+scaler.unscale_(opt)
+
+# %%
+# NBVAL_RAISES_EXCEPTION
+scaler.unscale_(opt)
+
+# %% [markdown]
+# This error usually comes from gradient accumulation, with `unscale_` inside the
+# micro-batch loop.
+#
+# ## Gradient accumulation
+#
+# Accumulating k micro-batches per optimizer step should give the update one batch k times
+# larger would give. The recipe: every micro-batch's loss divided by k and its backward
+# scaled; `unscale_`, clip, `step`, `update` and `zero_grad` once, after the last
+# micro-batch:
+
+# %%
+import inspect
+
+from amp_lessons import clipping
+
+print(inspect.getsource(clipping.accumulate))
+
+# %% [markdown]
+# Two common ways to get it wrong: `unscale_`, clip, `step` and `update` inside the
+# micro-batch loop (it runs: `update()` resets `unscale_`'s check each time), and
+# forgetting to divide each loss by k. Each changes only a line or two of the recipe:
+
+# %%
+print(inspect.getsource(clipping.accumulate_stepping_every_micro_batch))
+
+# %% [markdown]
+# `accumulation_table` runs each version for one optimizer step of k = 4 micro-batches of
+# 16 digits, from the same weights, beside one large batch of the same 64 digits, and
+# compares the first update (the change in the weights). **Predict** which version
+# matches the large batch, and by how much each of the others is off.
+
+# %%
+from amp_lessons.clipping import accumulation_table
+
+print(accumulation_table(lesson_model, data, k=4, batch_size=16, optimizer="sgd", lr=0.5))
+
+# %% [markdown]
+# Done right, accumulation gives the large batch's update (float16 rounding apart) with
+# one optimizer step and one scaler update. Stepping every micro-batch takes k steps on
+# small batches instead (and k scaler updates, so `growth_interval` counts k times too
+# fast). Not dividing by k makes the summed gradient k times too large: with SGD, that is
+# a learning rate k times larger than the one you set.
+#
+# The same three with AdamW, whose step ignores the gradient's overall size:
+
+# %%
+print(accumulation_table(lesson_model, data, k=4, batch_size=16, optimizer="adamw", lr=1e-3))
+
+# %% [markdown]
+# With Adam the two mistakes swap: the missing `/ k` nearly vanishes (only the clip and
+# `eps` see the size), while stepping every micro-batch moves the weights much further,
+# each of the k steps being a full Adam step. Either way, a loop that still trains is not
+# proof that it accumulates correctly: compare one update with a large batch, as above.
+#
+# ## A check to drop into your own loop
+#
+# `check_clipping(scaler)` watches `clip_grad_norm_` and `clip_grad_value_` while it is
+# active and warns (`ScaledClipWarning`) when either runs on gradients the scaler has not
+# unscaled yet. In your own loop:
+#
+# ```python
+# from amp_lessons.clipping import check_clipping
+#
+# with check_clipping(scaler):
+#     for x, y in batches:
+#         ...  # your step, unchanged
+# ```
+#
+# Here it watches three steps of the `Trainer` in each order; the warnings are collected
+# and printed so you can read them:
+
+# %%
+import warnings
+
+from amp_lessons.clipping import ScaledClipWarning, check_clipping
+
+for order in ("unscale_first", "before_unscale"):
+    trainer = Trainer(lesson_model(), data, precision="fp16", device=device, optimizer="sgd",
+                      lr=0.5, clip_norm=MAX_NORM, clip_order=order, teaching=True)
+    with warnings.catch_warnings(record=True) as caught, check_clipping(trainer.scaler):
+        warnings.simplefilter("always")
+        trainer.fit(3)
+    found = [w for w in caught if issubclass(w.category, ScaledClipWarning)]
+    print(f"{order:<15} {len(found)} warnings in 3 steps")
+print(found[0].message)
+
+# %% [markdown]
+# ## Remember
+#
+# - After `scaler.scale(loss).backward()` the gradients are multiplied by the scale: call
+#   `scaler.unscale_(opt)`, then clip, then `scaler.step(opt)` and `scaler.update()`.
+# - Clipping before `unscale_` clips at `max_norm / scale` (and `clip_grad_value_` at
+#   `clip_value / scale`): with SGD the run crawls.
+# - Accumulating k micro-batches: divide each loss by k, scale every backward, and
+#   `unscale_`, clip, `step`, `update`, `zero_grad` once, after the last micro-batch. Done
+#   so, the update equals one large batch's.
+#
+# ## Watch out
+#
+# - The loss does not always show the trap: with Adam the wrong order trains on. Look at
+#   the norm the clip saw, or run your loop once inside `check_clipping(scaler)`.
+# - "`unscale_() has already been called on this optimizer since the last update()`" means
+#   `unscale_` ran twice in one optimizer step: usually inside the micro-batch loop.
+# - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
+#   warns and disables itself. Always pass the device: `torch.amp.GradScaler(device.type)`.
+
+# %% [markdown]
+# ## Exercise: fix the broken loop
+#
+# The loop below trains in float16 with gradient accumulation and clipping. It has three
+# bugs, and one line that looks wrong but is not. Read it:
+
+# %%
+from amp_lessons.exercises import broken_clipping_loop, check_clipping_loop
+
+print(inspect.getsource(broken_clipping_loop))
+
+# %% [markdown]
+# Copy it into the cell below as `def my_loop(...)`, fix the three bugs, and answer: is
+# calling `backward()` inside the `autocast` block a bug? The checker runs your loop on
+# the CPU, records every GradScaler and clip call, compares the weights with a reference
+# loop, and says bug by bug what is fixed. As given, it runs the broken loop:
+
+# %%
+my_loop = broken_clipping_loop  # replace with your fixed copy: def my_loop(model, data, ...):
+backward_in_autocast_is_a_bug = None  # True or False?
+
+check_clipping_loop(my_loop, backward_in_autocast_is_a_bug)

@@ -1,0 +1,376 @@
+"""Number formats: bit layouts, rounding, and which values a format flushes or overflows.
+
+fp32, tf32, bf16, fp16 and, as a preview, the fp8 formats e4m3fn and e5m2. The figures
+of every format torch has a dtype for come from ``torch.finfo``; tf32 (a float32 whose
+mantissa tensor cores round to 10 bits) has no dtype, so its figures follow from its bit
+layout. Used in 01_number_formats (and ``round_to_format(t, "tf32")`` in 05).
+
+Format names are parsed here, in :func:`parse_format`; the four training precisions among
+them go through :func:`amp_lessons.precision.parse_precision`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .precision import parse_precision
+
+FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+
+_FP8_ALIASES = {
+    "fp8_e4m3": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "fp8e4m3": "fp8_e4m3", "e4m3": "fp8_e4m3",
+    "e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2", "fp8e5m2": "fp8_e5m2", "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
+}
+
+_DTYPES = {
+    "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def parse_format(name) -> str:
+    """The canonical format name (one of :data:`FORMATS`) for a name, an alias or a dtype.
+
+    ``"half"``, ``"float16"`` and ``torch.float16`` are ``"fp16"``; ``"e4m3"`` and
+    ``torch.float8_e4m3fn`` are ``"fp8_e4m3"``. Anything else is a ValueError that lists
+    the valid names.
+    """
+    if isinstance(name, torch.dtype):
+        for canonical, dtype in _DTYPES.items():
+            if dtype == name:
+                return canonical
+    elif isinstance(name, str):
+        key = name.strip().lower().removeprefix("torch.").replace("-", "_")
+        if key in _FP8_ALIASES:
+            return _FP8_ALIASES[key]
+        try:
+            return parse_precision(name)
+        except ValueError:
+            pass
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {name!r}")
+
+
+@dataclass(frozen=True)
+class Format:
+    """One number format's layout and limits (all values as Python floats)."""
+
+    name: str
+    bits: int
+    exponent_bits: int
+    mantissa_bits: int
+    max: float
+    smallest_normal: float
+    smallest_subnormal: float
+    eps: float  # the gap between 1.0 and the next value: the ulp at 1.0
+    has_inf: bool
+    source: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype values of this format are stored in (float32 for tf32)."""
+        return _DTYPES.get(self.name, torch.float32)
+
+    @property
+    def flush_below(self) -> float:
+        """Nonzero values with magnitude at or below this round to zero (half the smallest
+        subnormal: the tie goes to the even neighbour, 0)."""
+        return self.smallest_subnormal / 2
+
+    @property
+    def normal_from(self) -> float:
+        """Values from here up round to a normal number (the tie just below the smallest
+        normal rounds up to it)."""
+        return self.smallest_normal - self.smallest_subnormal / 2
+
+    @property
+    def overflow_from(self) -> float:
+        """Values from here up do not fit: inf (or a saturated max for e4m3fn, which has
+        no inf; its tie rounds down to the max, so only larger values overflow)."""
+        top_ulp = 2.0 ** (math.floor(math.log2(self.max)) - self.mantissa_bits)
+        return self.max + top_ulp / 2
+
+    def overflows(self, magnitude: torch.Tensor) -> torch.Tensor:
+        return magnitude >= self.overflow_from if self.has_inf else magnitude > self.overflow_from
+
+
+def _from_finfo(name: str) -> Format:
+    fi = torch.finfo(_DTYPES[name])
+    mantissa = round(-math.log2(fi.eps))
+    return Format(
+        name=name, bits=fi.bits, exponent_bits=fi.bits - 1 - mantissa, mantissa_bits=mantissa,
+        max=float(fi.max), smallest_normal=float(fi.smallest_normal),
+        # torch.finfo has no smallest_subnormal: one ulp of the smallest binade
+        smallest_subnormal=float(fi.smallest_normal) * float(fi.eps), eps=float(fi.eps),
+        has_inf=name != "fp8_e4m3", source=f"torch.finfo({_DTYPES[name]})",
+    )
+
+
+def from_layout(name: str, exponent_bits: int, mantissa_bits: int) -> Format:
+    """The limits of an IEEE-style layout: the top exponent is inf/NaN, the bottom subnormal.
+
+    This is where tf32's figures come from (8 exponent bits like fp32, 10 mantissa bits
+    like fp16); the tests check it against ``torch.finfo`` for fp32, bf16 and fp16.
+    """
+    bias = 2 ** (exponent_bits - 1) - 1
+    emin, emax = 1 - bias, bias
+    return Format(
+        name=name, bits=1 + exponent_bits + mantissa_bits, exponent_bits=exponent_bits,
+        mantissa_bits=mantissa_bits, max=(2 - 2.0**-mantissa_bits) * 2.0**emax,
+        smallest_normal=2.0**emin, smallest_subnormal=2.0 ** (emin - mantissa_bits),
+        eps=2.0**-mantissa_bits, has_inf=True,
+        source=f"bit layout ({exponent_bits} exponent, {mantissa_bits} mantissa bits)",
+    )
+
+
+def format_info(name) -> Format:
+    """The :class:`Format` of ``name`` (any alias :func:`parse_format` accepts)."""
+    name = parse_format(name)
+    return from_layout("tf32", 8, 10) if name == "tf32" else _from_finfo(name)
+
+
+def _pow2(x: float) -> str:
+    e = math.log2(x)
+    return f"2^{e:.0f}" if e == round(e) else f"~2^{e:.2f}"
+
+
+def formats_table(names=FORMATS) -> str:
+    """The formats side by side: bits, largest, smallest normal and subnormal, eps."""
+    head = (f"{'format':<9}{'bits':>5}{'exp':>5}{'mant':>5}  {'largest':>11}  "
+            f"{'smallest normal':>20}  {'smallest subnormal':>20}  {'eps (ulp at 1)':>18}")
+    lines = [head]
+    for n in names:
+        f = format_info(n)
+        lines.append(
+            f"{f.name:<9}{f.bits:>5}{f.exponent_bits:>5}{f.mantissa_bits:>5}  {f.max:>11.6g}  "
+            f"{f'{f.smallest_normal:.3g} ({_pow2(f.smallest_normal)})':>20}  "
+            f"{f'{f.smallest_subnormal:.3g} ({_pow2(f.smallest_subnormal)})':>20}  "
+            f"{f'{f.eps:.3g} ({_pow2(f.eps)})':>18}")
+    return "\n".join(lines)
+
+
+# -- rounding ------------------------------------------------------------------------------
+
+
+def _as_float_tensor(x, what: str = "the input") -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        if not torch.is_floating_point(x):
+            raise ValueError(f"{what} must be a floating-point tensor; got dtype {x.dtype} "
+                             "(convert it first, e.g. t.float())")
+        return x.detach()
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return torch.tensor(float(x), dtype=torch.float64)
+    raise ValueError(f"{what} must be a floating-point tensor or a number; got {type(x).__name__}")
+
+
+def _round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> the nearest value with a 10-bit mantissa, ties to even, on the bit pattern.
+
+    Adding 0xFFF plus the lowest kept bit, then clearing the 13 dropped bits, rounds the
+    magnitude to nearest-even; a carry walks into the exponent exactly as rounding should
+    (the largest values carry into the inf pattern). NaNs are left as they are.
+    """
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    sign, mag = bits & 0x80000000, bits & 0x7FFFFFFF
+    rounded = (mag + 0xFFF + ((mag >> 13) & 1)) & ~0x1FFF
+    out = sign | rounded
+    out = torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).view(torch.float32)
+    return torch.where(torch.isnan(x), x, out)
+
+
+def round_to_format(tensor, name) -> torch.Tensor:
+    """The values ``tensor`` holds once stored in format ``name``, as a float32 tensor.
+
+    fp32, bf16, fp16 and fp8 are a cast (``tensor.to(dtype)``); tf32 rounds the float32
+    value's mantissa to 10 bits, round-to-nearest-even, as a tensor core reads its inputs
+    (hardware may break exact ties differently). Too large: inf (fp8 e4m3fn has no inf;
+    torch's cast saturates it). A float64 input is rounded to float32 first, as torch's own
+    casts from float64 to 16 bits do. Used in 01 and 05.
+    """
+    fmt = parse_format(name)
+    x = _as_float_tensor(tensor, "the tensor to round").to(torch.float32)
+    if fmt == "tf32":
+        return _round_tf32(x)
+    return x.to(_DTYPES[fmt]).to(torch.float32)
+
+
+def rounding_error(tensor, name) -> torch.Tensor:
+    """|stored - value| / |value| for every nonzero value of ``tensor`` stored in ``name``
+    (float64; 1.0 where a value flushed to zero, inf where it overflowed)."""
+    x = _as_float_tensor(tensor, "the tensor").to(torch.float32).flatten()
+    x = x[x != 0].double()
+    return (round_to_format(x, name).double() - x).abs() / x.abs()
+
+
+# -- bits of one value -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bits:
+    """One value stored in one format: its sign, exponent and mantissa bits."""
+
+    format: str
+    value: float
+    stored: float
+    sign: str
+    exponent: str
+    mantissa: str
+    kind: str  # zero, subnormal, normal, inf, nan
+
+    @property
+    def rel_error(self) -> float:
+        """|stored - value| / |value| (0 for an exact value, inf when it overflowed)."""
+        if math.isnan(self.value) or math.isnan(self.stored):
+            return math.nan
+        if self.stored == self.value:
+            return 0.0
+        if self.value == 0 or math.isinf(self.stored) or math.isinf(self.value):
+            return math.inf
+        return abs(self.stored - self.value) / abs(self.value)
+
+    def _meaning(self) -> str:
+        f = format_info(self.format)
+        bias = 2 ** (f.exponent_bits - 1) - 1
+        s = "-" if self.sign == "1" else "+"
+        e = int(self.exponent, 2)
+        if self.kind == "normal" and not f.has_inf and abs(self.value) > f.overflow_from:
+            return f"too large: saturated to the largest value, {s}{f.max:g} ({f.name} has no inf)"
+        if self.kind == "normal":
+            return f"normal: {s}1.{self.mantissa} (binary) x 2^({e} - {bias}) = {s}{abs(self.stored):.10g}"
+        if self.kind == "subnormal":
+            return (f"subnormal: {s}0.{self.mantissa} (binary) x 2^{1 - bias}: fewer significant "
+                    f"bits, so less precision")
+        if self.kind == "zero":
+            return "zero" + (" (the value was too small: flushed to zero)" if self.value != 0 else "")
+        return self.kind
+
+    def __str__(self) -> str:
+        return "\n".join([
+            f"{self.format}: {self.value!r} is stored as {self.stored!r}",
+            f"  sign {self.sign} | exponent {self.exponent} | mantissa {self.mantissa}",
+            f"  {self._meaning()}",
+            f"  relative error {self.rel_error:.3g}",
+        ])
+
+
+_INT_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def bits_of(value, name) -> Bits:
+    """Split ``value`` (a number) as stored in format ``name`` into sign/exponent/mantissa."""
+    f = format_info(name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"value must be a number; got {value!r}")
+    x = torch.tensor(float(value), dtype=torch.float64)
+    if f.name == "tf32":
+        stored = round_to_format(x, "tf32").reshape(1)
+        pattern = (int(stored.view(torch.int32).item()) & 0xFFFFFFFF) >> 13
+    else:
+        stored = x.to(f.dtype).reshape(1)
+        width = stored.element_size()
+        pattern = int(stored.view(_INT_VIEW[width]).item()) & ((1 << (8 * width)) - 1)
+    text = format(pattern, f"0{f.bits}b")
+    sign, exponent, mantissa = text[0], text[1:1 + f.exponent_bits], text[1 + f.exponent_bits:]
+    top = exponent == "1" * f.exponent_bits
+    if f.has_inf and top:
+        kind = "nan" if "1" in mantissa else "inf"
+    elif not f.has_inf and top and mantissa == "1" * f.mantissa_bits:
+        kind = "nan"
+    elif "1" not in exponent:
+        kind = "subnormal" if "1" in mantissa else "zero"
+    else:
+        kind = "normal"
+    return Bits(f.name, float(value), float(stored.to(torch.float64).item()), sign, exponent,
+                mantissa, kind)
+
+
+# -- classifying many values -------------------------------------------------------------
+
+KINDS = ("flushed", "subnormal", "normal", "overflow")
+
+
+@dataclass(frozen=True)
+class Census:
+    """Where the values of a tensor land in one format.
+
+    Counts of ``zero`` (exactly 0 already, not a loss), ``flushed`` (nonzero, rounds to 0),
+    ``subnormal`` (kept, with fewer significant bits), ``normal``, ``overflow`` (too large:
+    inf, or saturated for e4m3fn) and ``nan``. Fractions are of the nonzero values.
+    """
+
+    format: str
+    scale: float
+    total: int
+    zero: int
+    flushed: int
+    subnormal: int
+    normal: int
+    overflow: int
+    nan: int
+
+    @property
+    def nonzero(self) -> int:
+        return self.total - self.zero
+
+    def fraction(self, kind: str) -> float:
+        """``count / nonzero`` for one of flushed, subnormal, normal, overflow, nan."""
+        if kind not in (*KINDS, "nan"):
+            raise ValueError(f"kind must be one of {', '.join((*KINDS, 'nan'))}; got {kind!r}")
+        return getattr(self, kind) / self.nonzero if self.nonzero else 0.0
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {self.fraction(k):.3%}" for k in KINDS)
+        return f"{self.format} x {self.scale:g}: {parts} of {self.nonzero:,} nonzero values"
+
+
+def census(tensor, name) -> Census:
+    """Classify every value of ``tensor`` for format ``name`` (exact thresholds, no rounding)."""
+    return _census(tensor, name, 1.0)
+
+
+def check_scale(scale) -> float:
+    """A loss scale as a float: a positive finite number, else a ValueError saying so."""
+    ok = isinstance(scale, (int, float)) and not isinstance(scale, bool)
+    if not ok or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"the loss scale must be a positive finite number such as 2.0**16; got {scale!r}")
+    return float(scale)
+
+
+def scaled_census(tensor, name, scale) -> Census:
+    """:func:`census` of ``tensor * scale``, multiplied in float64 (exact for powers of
+    two): where the gradients land once the loss was multiplied by ``scale``."""
+    return _census(tensor, name, check_scale(scale))
+
+
+def _census(tensor, name, scale: float) -> Census:
+    f = format_info(name)
+    a = _as_float_tensor(tensor, "the tensor to classify").to(torch.float64).abs().flatten() * scale
+    nan = torch.isnan(a)
+    over = f.overflows(a)
+    normal = (a >= f.normal_from) & ~over
+    flushed = (a > 0) & (a <= f.flush_below)
+    sub = (a > f.flush_below) & (a < f.normal_from)
+
+    def n(mask):
+        return int(mask.sum())
+
+    return Census(f.name, scale, a.numel(), n(a == 0), n(flushed), n(sub), n(normal & ~nan),
+                  n(over), n(nan))
+
+
+def scale_table(tensor, scale, names=("fp16", "bf16")) -> str:
+    """What a loss scale does to these values in each format, as percentages (01's slider)."""
+    scale = check_scale(scale)
+    rows = [scaled_census(tensor, n, scale) for n in names]
+    k = math.log2(scale)
+    label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
+    lines = [f"loss scale {label} = {scale:g}",
+             f"{'format':<8}{'flushed to 0':>14}{'subnormal':>12}{'normal':>10}{'overflow':>10}"]
+    for c in rows:
+        lines.append(f"{c.format:<8}" + "".join(
+            f"{c.fraction(kind):>{w}.3%}" for kind, w in zip(KINDS, (14, 12, 10, 10))))
+    lines.append(f"(of {rows[0].nonzero:,} nonzero values; {rows[0].zero:,} exact zeros left out)")
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""Why the weights stay float32: what ``model.half()`` does to an optimizer step.
+
+The card says: keep the model's weights in float32, do not call ``model.half()`` for
+training. Two measured reasons, both on the same gradients:
+
+- an update smaller than half the spacing of a weight's format rounds back to the same
+  weight: in fp16 (10 mantissa bits) a weight of 0.05 ignores any update below ~1.5e-5,
+  which is most of what SGD applies. :func:`lost_updates` counts the weights one step
+  failed to change, on fp32 master weights and on a ``.half()`` copy.
+- Adam's ``eps=1e-8`` is 0 in fp16 (:func:`eps_in`), and its second moment ``g**2``
+  underflows, so ``m / (sqrt(v) + eps)`` divides by zero: weights become inf/NaN.
+
+Used in 05_putting_it_together.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .precision import dtype_of, parse_precision, uses_autocast
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def eps_in(dtype, eps: float = 1e-8) -> float:
+    """The value Adam's ``eps`` takes when stored in ``dtype`` (0.0 in fp16: below its smallest subnormal)."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = dtype_of(dtype)
+    return torch.tensor(eps, dtype=dtype).item()
+
+
+def _spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The gap between ``w`` (rounded to ``dtype``) and the next value of ``dtype``, in float64.
+
+    For |w| in [2**(e-1), 2**e) the gap is 2**(e-1) * eps; below the smallest normal it is
+    the smallest subnormal.
+    """
+    info = torch.finfo(dtype)
+    w = w.to(dtype).double().abs()
+    _, e = torch.frexp(w)
+    gap = torch.ldexp(torch.full_like(w, info.eps), e - 1)
+    return torch.clamp(gap, min=info.smallest_normal * info.eps)
+
+
+@dataclass(frozen=True)
+class LostUpdates:
+    """One optimizer step applied to weights stored in one dtype, against the exact update.
+
+    - ``meant``: weights whose exact (float64) update is nonzero;
+    - ``unchanged``: of those, weights the step left exactly as they were;
+    - ``predicted``: of those, weights whose exact update is below half their spacing in
+      this dtype (the rule that says which updates round away);
+    - ``nonfinite``: weights the step made inf or NaN.
+    """
+
+    label: str
+    dtype: str
+    meant: int
+    unchanged: int
+    predicted: int
+    nonfinite: int
+
+    @property
+    def fraction(self) -> float:
+        """Fraction of the meant updates that did not happen."""
+        return self.unchanged / self.meant if self.meant else 0.0
+
+    def line(self) -> str:
+        return (f"{self.label:<22} {self.dtype:<9} unchanged {self.unchanged:>7,} of {self.meant:>7,} "
+                f"({self.fraction:6.1%})  predicted {self.predicted:>7,}  inf/NaN {self.nonfinite:>7,}")
+
+
+def gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision="fp32",
+              loss_fn=F.cross_entropy) -> list[torch.Tensor]:
+    """float32 gradients of one batch, computed as mixed precision does: float32 weights,
+    forward + loss under autocast in ``precision``, backward outside it. The model is not changed."""
+    name = parse_precision(precision)
+    model = copy.deepcopy(model).float()
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=dtype_of(name), enabled=uses_autocast(name)):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    return [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p)
+            for p in model.parameters()]
+
+
+def _one_step(params: list[torch.Tensor], grads: list[torch.Tensor], optimizer: str, lr: float,
+              eps: float) -> list[torch.Tensor]:
+    """Apply one ``optimizer`` step to copies of ``params`` with ``grads``; return the new values."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    leaves = [nn.Parameter(p.detach().clone()) for p in params]
+    for leaf, g in zip(leaves, grads):
+        leaf.grad = g.to(leaf.dtype)
+    kwargs = {"lr": lr} if optimizer == "sgd" else {"lr": lr, "eps": eps}
+    # foreach=False: the plain per-tensor kernels, the same arithmetic in every dtype
+    OPTIMIZERS[optimizer](leaves, foreach=False, **kwargs).step()
+    return [leaf.detach() for leaf in leaves]
+
+
+def lost_updates(model: nn.Module, grads: list[torch.Tensor], lr: float, optimizer: str = "sgd",
+                 eps: float = 1e-8) -> dict[str, LostUpdates]:
+    """One step with the same gradients on fp32 master weights and on ``model.half()``.
+
+    The exact update comes from the same optimizer run in float64. Keys: ``"fp32 master"``
+    and ``"model.half()"``. The model is not changed.
+    """
+    params = [p.detach().float() for p in model.parameters()]
+    if len(params) != len(grads):
+        raise ValueError(f"got {len(grads)} gradients for {len(params)} parameters")
+    exact_new = _one_step([p.double() for p in params], [g.double() for g in grads], optimizer, lr, eps)
+    updates = [n - p.double() for n, p in zip(exact_new, params)]
+    out = {}
+    for label, dtype in (("fp32 master", torch.float32), ("model.half()", torch.float16)):
+        start = [p.to(dtype) for p in params]
+        new = _one_step(start, grads, optimizer, lr, eps)
+        meant = unchanged = predicted = nonfinite = 0
+        for s, n, u in zip(start, new, updates):
+            moved = u != 0
+            meant += int(moved.sum())
+            unchanged += int((moved & (n == s)).sum())
+            predicted += int((moved & (u.abs() < _spacing(s, dtype) / 2)).sum())
+            nonfinite += int((~torch.isfinite(n)).sum())
+        out[label] = LostUpdates(label, str(dtype).removeprefix("torch."), meant, unchanged,
+                                 predicted, nonfinite)
+    return out
+
+
+def lost_fraction_by_lr(model: nn.Module, grads: list[torch.Tensor], lrs, optimizer: str = "sgd"
+                        ) -> dict[str, list[float]]:
+    """:func:`lost_updates`' fraction for each learning rate in ``lrs``: the figure of lesson 05."""
+    out: dict[str, list[float]] = {"fp32 master": [], "model.half()": []}
+    for lr in lrs:
+        for label, result in lost_updates(model, grads, lr, optimizer).items():
+            out[label].append(result.fraction)
+    return out

@@ -1,0 +1,118 @@
+"""Matrix multiplication per precision: how fast it runs here, and what TF32 does to it.
+
+- :func:`matmul_gflops` measures achieved GFLOP/s of an n x n matmul in fp32, tf32, bf16
+  or fp16: the number that decides whether mixed precision is faster on a device (on a
+  GPU's tensor cores 16-bit is many times faster; on a CPU without AMX it need not be).
+- :func:`tf32_error` shows what ``torch.set_float32_matmul_precision("high")`` changes:
+  the inputs of float32 matmuls are rounded to TF32's 10 mantissa bits. The rounding is
+  emulated, so the error shows on any device; on an NVIDIA GPU with TF32 tensor cores the
+  real TF32 result is measured too.
+
+Used in 05_putting_it_together and by ``python -m amp_lessons bench``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .formats import round_to_format
+from .measure import time_step
+from .precision import dtype_of, float32_matmul_precision, parse_precision
+
+
+def matmul_flops(n: int, m: int | None = None, k: int | None = None) -> int:
+    """Floating-point operations of an (n x k) @ (k x m) matmul: one multiply + one add each."""
+    m = n if m is None else m
+    k = n if k is None else k
+    return 2 * n * m * k
+
+
+def matmul_gflops(n: int, precision="fp32", device="cpu", warmup: int = 2, repeats: int = 5) -> float:
+    """Achieved GFLOP/s of an n x n matmul in ``precision`` on ``device`` (median of ``repeats``).
+
+    tf32 is float32 tensors under ``set_float32_matmul_precision("high")``; check
+    ``hardware.supported_precisions`` first: on a CPU tf32 runs as plain fp32.
+    """
+    name = parse_precision(precision)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=g).to(dtype_of(name))
+    b = torch.randn(n, n, device=device, generator=g).to(dtype_of(name))
+    with float32_matmul_precision(name):
+        timing = time_step(lambda: a @ b, device, warmup=warmup, repeats=repeats)
+    return matmul_flops(n) / (timing.median_ms * 1e-3) / 1e9
+
+
+@dataclass(frozen=True)
+class TF32Error:
+    """Relative error (Frobenius norm, against a float64 reference) of one n x n matmul."""
+
+    n: int
+    fp32: float          # float32 inputs, "highest" precision
+    tf32_emulated: float  # inputs rounded to TF32, then multiplied in float32
+    bf16: float          # bfloat16 inputs, for scale
+    high_changes_result: bool  # did "high" change this device's float32 matmul at all?
+    tf32_measured: float | None  # the device's real TF32 result (NVIDIA Ampere+), else None
+
+    def table(self) -> str:
+        rows = [
+            ("fp32 (highest)", self.fp32),
+            ("tf32 (emulated: inputs rounded to 10 bits)", self.tf32_emulated),
+            ("bf16 inputs (7 bits), for comparison", self.bf16),
+        ]
+        if self.tf32_measured is not None:
+            rows.append(("tf32 measured on this GPU (\"high\")", self.tf32_measured))
+        width = max(len(r[0]) for r in rows)
+        lines = [f"{label:<{width}}  {err:.1e}" for label, err in rows]
+        lines.append(f"set_float32_matmul_precision('high') changes this device's result: "
+                     f"{self.high_changes_result}")
+        return "\n".join(lines)
+
+
+def _rel_error(c: torch.Tensor, ref: torch.Tensor) -> float:
+    return (torch.linalg.matrix_norm(c.double() - ref) / torch.linalg.matrix_norm(ref)).item()
+
+
+def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
+    """How far an n x n float32 matmul lands from the exact product, in each precision.
+
+    The TF32 row rounds the inputs as TF32 tensor cores do and multiplies them in float32,
+    so it is the same on every machine. ``high_changes_result`` compares this device's
+    float32 matmul under "high" and "highest": False on a CPU, where "high" changes nothing.
+    """
+    from .hardware import supported_precisions
+
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, n, generator=g)
+    b = torch.randn(n, n, generator=g)
+    ref = a.double() @ b.double()
+    with float32_matmul_precision("fp32"):
+        fp32 = a @ b
+        emulated = round_to_format(a, "tf32") @ round_to_format(b, "tf32")
+        a_dev, b_dev = a.to(device), b.to(device)
+        highest = (a_dev @ b_dev).cpu()
+    with float32_matmul_precision("tf32"):
+        high = (a_dev @ b_dev).cpu()
+    bf16 = (a.bfloat16().float() @ b.bfloat16().float())
+    measured = None
+    if supported_precisions(device)["tf32"] is None:
+        measured = _rel_error(high, ref)
+    return TF32Error(
+        n=n, fp32=_rel_error(fp32, ref), tf32_emulated=_rel_error(emulated, ref),
+        bf16=_rel_error(bf16, ref), high_changes_result=not torch.equal(high, highest),
+        tf32_measured=measured,
+    )
+
+
+def tf32_speedup(n: int = 4096, device="cuda", repeats: int = 10) -> float | None:
+    """fp32 matmul time / tf32 matmul time on an NVIDIA GPU with TF32; ``None`` where TF32 does not exist."""
+    from .hardware import supported_precisions
+
+    device = torch.device(device)
+    if supported_precisions(device)["tf32"] is not None:
+        return None
+    return (matmul_gflops(n, "tf32", device, repeats=repeats)
+            / matmul_gflops(n, "fp32", device, repeats=repeats))

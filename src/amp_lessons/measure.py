@@ -1,0 +1,317 @@
+"""Activation memory and step timing, measured the same way on every device.
+
+- :class:`SavedTensorsMeter` counts the bytes autograd keeps for backward (the "activation
+  memory" of the card's claim C2), deduplicated by storage, on any device. Under autocast
+  the 16-bit copies of the weights are saved too: they are counted apart, as
+  ``weight_copy_bytes``, so the activation figure compares like with like.
+- :func:`saved_memory` runs one forward pass + loss under a precision and meters it.
+- :func:`cuda_peak_memory` is the CUDA allocator's peak for one call (``None`` elsewhere).
+- :func:`time_step` times a step right: warm-up calls, ``torch.cuda.synchronize()`` on
+  CUDA, the median of several runs.
+
+Used in 05_putting_it_together and by ``python -m amp_lessons bench``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .precision import dtype_of, float32_matmul_precision, parse_precision, uses_autocast
+
+MB = 2**20
+
+# Autograd nodes that only view or re-lay-out their single input: a saved tensor reached
+# from a parameter through these alone holds the parameter's values, not an activation.
+_VIEW_NODES = frozenset({
+    "TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
+    "UnsafeViewBackward0", "ReshapeAliasBackward0", "ExpandBackward0", "AliasBackward0",
+    "UnsqueezeBackward0", "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward1",
+    "SliceBackward0", "SelectBackward0", "AsStridedBackward0", "ViewAsRealBackward0",
+})
+_CAST_NODE = "ToCopyBackward0"
+
+
+@dataclass
+class SavedMemory:
+    """What autograd saved for backward, in bytes, split three ways.
+
+    - ``activation_bytes``: tensors computed from the input (the memory mixed precision halves);
+    - ``weight_copy_bytes``: casts of parameters (autocast's 16-bit weight copies);
+    - ``parameter_bytes``: the parameters themselves, saved by reference (no extra memory).
+
+    ``by_dtype`` splits ``activation_bytes`` by dtype name.
+    """
+
+    activation_bytes: int = 0
+    weight_copy_bytes: int = 0
+    parameter_bytes: int = 0
+    n_saved: int = 0
+    by_dtype: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def activation_mb(self) -> float:
+        return self.activation_bytes / MB
+
+    @property
+    def weight_copy_mb(self) -> float:
+        return self.weight_copy_bytes / MB
+
+    def table(self) -> str:
+        """A short text summary, one line per kind."""
+        dtypes = ", ".join(f"{k} {v / MB:.3f}" for k, v in sorted(self.by_dtype.items()))
+        return "\n".join([
+            f"activations        {self.activation_mb:9.3f} MB  ({dtypes})",
+            f"16-bit weight copies {self.weight_copy_mb:7.3f} MB",
+            f"parameters (shared)  {self.parameter_bytes / MB:7.3f} MB  (no extra memory)",
+        ])
+
+
+def _storage_key(t: torch.Tensor):
+    storage = t.untyped_storage()
+    ptr = storage.data_ptr()
+    # meta tensors (size estimates) have no data: every tensor is its own storage
+    return (t.device.type, ptr) if ptr else ("id", id(storage), id(t))
+
+
+def _is_cast_of_parameter(t: torch.Tensor, params: set[int]) -> bool:
+    """True when ``t`` was made from a parameter by casts and views only, with one cast.
+
+    Follows the autograd graph (``ToCopyBackward0`` → ``AccumulateGrad`` of a parameter),
+    so it is exact for parameters that require grad, as autocast's weight cache does.
+    """
+    node = t.grad_fn
+    cast = False
+    while node is not None:
+        name = type(node).__name__
+        if name == "AccumulateGrad":
+            return cast and id(node.variable) in params
+        if name == _CAST_NODE:
+            cast = True
+        elif name not in _VIEW_NODES:
+            return False
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        if len(nxt) != 1:
+            return False
+        node = nxt[0]
+    return False
+
+
+def _equals_cast_of(t: torch.Tensor, params: Iterable[torch.Tensor]) -> bool:
+    """Fallback for frozen parameters (no autograd history): same values as a cast of one."""
+    for p in params:
+        if p.dtype == t.dtype or p.device != t.device or p.numel() != t.numel():
+            continue
+        candidates = [p] + ([p.mT] if p.dim() == 2 else [])
+        for c in candidates:
+            if c.shape == t.shape and torch.equal(c.detach().to(t.dtype), t.detach()):
+                return True
+    return False
+
+
+class SavedTensorsMeter:
+    """Context manager: meter every tensor saved for backward inside it.
+
+    ``parameters`` (a module or an iterable of tensors) tells which saved tensors are
+    weights rather than activations. Each storage is counted once, so views of one
+    tensor and a weight copy reused by several ops are not double counted.
+
+        with SavedTensorsMeter(model) as meter:
+            loss = loss_fn(model(x), y)
+        meter.result.activation_bytes
+    """
+
+    def __init__(self, parameters=()):
+        if isinstance(parameters, nn.Module):
+            parameters = parameters.parameters()
+        self._params = [p for p in parameters]
+        self._param_ids = {id(p) for p in self._params}
+        self._param_storages = {_storage_key(p) for p in self._params}
+        self._seen: set = set()
+        self.result = SavedMemory()
+        self._hooks = None
+
+    def _pack(self, t: torch.Tensor):
+        self.result.n_saved += 1
+        key = _storage_key(t)
+        if key in self._seen:
+            return t
+        self._seen.add(key)
+        nbytes = t.untyped_storage().nbytes() or t.numel() * t.element_size()
+        if key in self._param_storages:
+            self.result.parameter_bytes += nbytes
+        elif _is_cast_of_parameter(t, self._param_ids) or (
+            t.grad_fn is None and t.is_floating_point() and _equals_cast_of(t, self._params)
+        ):
+            self.result.weight_copy_bytes += nbytes
+        else:
+            self.result.activation_bytes += nbytes
+            name = str(t.dtype).removeprefix("torch.")
+            self.result.by_dtype[name] = self.result.by_dtype.get(name, 0) + nbytes
+        return t
+
+    def __enter__(self) -> SavedTensorsMeter:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+
+
+def saved_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None,
+                 precision="fp32", loss_fn=nn.functional.cross_entropy) -> SavedMemory:
+    """Bytes saved for backward by one forward pass (+ loss when ``y`` is given) in ``precision``.
+
+    The pass runs as the training step does: under ``torch.autocast`` for bf16/fp16, in
+    float32 otherwise (tf32 changes matmul arithmetic, not what is saved). The graph is
+    dropped afterwards; no backward runs.
+    """
+    name = parse_precision(precision)
+    device_type = x.device.type
+    with SavedTensorsMeter(model) as meter, float32_matmul_precision(name):
+        with torch.autocast(device_type, dtype=dtype_of(name), enabled=uses_autocast(name)):
+            out = model(x)
+            if y is not None:
+                out = loss_fn(out, y)
+    del out
+    return meter.result
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """CUDA allocator figures for one call: the peak, and what was allocated before it."""
+
+    peak_bytes: int
+    before_bytes: int
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak_bytes / MB
+
+    @property
+    def added_mb(self) -> float:
+        """The peak above what was already allocated: what the call itself needed."""
+        return (self.peak_bytes - self.before_bytes) / MB
+
+
+def cuda_peak_memory(fn: Callable[[], object], device) -> PeakMemory | None:
+    """Run ``fn()`` once and return the allocator's peak on a CUDA ``device``; ``None`` elsewhere.
+
+    CPU memory has no per-call peak counter that torch exposes, so on CPU the lessons use
+    the saved-tensor bytes of :func:`saved_memory` (which are exact on every device).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return PeakMemory(torch.cuda.max_memory_allocated(device), before)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock times of repeated calls, in milliseconds; read the median."""
+
+    times_ms: tuple[float, ...]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: how noisy the runs were (0.1 = 10%)."""
+        return (max(self.times_ms) - min(self.times_ms)) / self.median_ms if self.median_ms else 0.0
+
+
+def synchronize(device) -> None:
+    """Wait for queued GPU work (CUDA, MPS); a no-op on CPU, where calls are synchronous."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_step(step: Callable[[], object], device="cpu", warmup: int = 3, repeats: int = 10) -> Timing:
+    """Time ``step()``: ``warmup`` untimed calls, then ``repeats`` timed ones.
+
+    GPU work is asynchronous: without a synchronize the clock would stop when the kernels
+    are queued, not when they finish. Warm-up absorbs one-off costs (allocator growth,
+    kernel selection, autocast's first casts). Report the median, not the mean: one
+    interruption by another process should not move the figure.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1; got {repeats}")
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return Timing(tuple(times))
+
+
+def time_interleaved(steps: dict[str, Callable[[], object]], device="cpu", warmup: int = 2,
+                     repeats: int = 7, on_round: Callable[[], object] | None = None) -> dict[str, Timing]:
+    """Time several steps side by side: after warm-up, each round times one call of each.
+
+    On a shared or thermally throttled machine the speed drifts over seconds; interleaving
+    puts every step under the same drift, so their ratios stay fair. ``on_round`` is called
+    after each round (a progress bar). Returns one :class:`Timing` per name.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1; got {repeats}")
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append((time.perf_counter() - start) * 1e3)
+        if on_round is not None:
+            on_round()
+    return {name: Timing(tuple(t)) for name, t in times.items()}
+
+
+def available_memory(device) -> int | None:
+    """Bytes free for new tensors on ``device`` (``None`` if the platform does not say)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -1,0 +1,401 @@
+"""Lesson 01's number formats, checked against torch.finfo, torch's casts and hand-made values."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from amp_lessons import formats
+from amp_lessons.exercises import check_loss_scale
+from amp_lessons.formats import (
+    FORMATS,
+    bits_of,
+    census,
+    format_info,
+    from_layout,
+    parse_format,
+    round_to_format,
+    scale_table,
+    scaled_census,
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+INT_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def wide_values(n=20_000, lo=-160, hi=140, seed=0):
+    """Random float32 values of both signs whose magnitudes span 2^lo .. 2^hi."""
+    g = torch.Generator().manual_seed(seed)
+    exps = torch.randint(lo, hi, (n,), generator=g).double()
+    mant = 1 + torch.rand(n, generator=g, dtype=torch.float64)
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    return (sign * mant * 2.0**exps).float()
+
+
+# -- the figures -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_figures_are_torch_finfo(name):
+    f, fi = format_info(name), torch.finfo(DTYPES[name])
+    assert f.dtype == DTYPES[name]
+    assert (f.bits, f.max, f.smallest_normal, f.eps) == (fi.bits, fi.max, fi.smallest_normal, fi.eps)
+    assert f.bits == 1 + f.exponent_bits + f.mantissa_bits
+    # smallest subnormal: the bit pattern 0...01 read as the dtype
+    one = torch.tensor([1], dtype=INT_VIEW[fi.bits // 8]).view(DTYPES[name])
+    assert f.smallest_subnormal == one.double().item() > 0
+
+
+def test_the_figures_the_lesson_quotes():
+    assert format_info("fp16").max == 65504
+    assert format_info("fp16").smallest_subnormal == 2.0**-24
+    assert format_info("fp16").smallest_normal == 2.0**-14
+    assert format_info("bf16").max == pytest.approx(3.39e38, rel=1e-3)
+    assert format_info("bf16").smallest_normal == format_info("fp32").smallest_normal == 2.0**-126
+    assert format_info("fp8_e4m3").max == 448
+    assert format_info("fp8_e5m2").max == 57344
+    layouts = {n: (format_info(n).exponent_bits, format_info(n).mantissa_bits) for n in FORMATS}
+    assert layouts == {"fp32": (8, 23), "tf32": (8, 10), "bf16": (8, 7), "fp16": (5, 10),
+                       "fp8_e4m3": (4, 3), "fp8_e5m2": (5, 2)}
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "fp8_e5m2"])
+def test_bit_layout_derivation_matches_finfo(name):
+    """The rule that gives tf32's figures gives torch's for every IEEE-style dtype."""
+    f = format_info(name)
+    derived = from_layout(name, f.exponent_bits, f.mantissa_bits)
+    for field in ("bits", "max", "smallest_normal", "smallest_subnormal", "eps"):
+        assert getattr(derived, field) == getattr(f, field), field
+
+
+def test_tf32_follows_from_ten_mantissa_bits():
+    f = format_info("tf32")
+    assert (f.bits, f.exponent_bits, f.mantissa_bits) == (19, 8, 10)
+    assert f.eps == 2.0**-10 == format_info("fp16").eps
+    assert f.max == (2 - 2.0**-10) * 2.0**127
+    assert f.smallest_normal == 2.0**-126 and f.smallest_subnormal == 2.0**-136
+    assert f.dtype == torch.float32 and "layout" in f.source
+
+
+def test_table_lists_every_format():
+    text = formats.formats_table()
+    for n in FORMATS:
+        assert n in text
+    assert "65504" in text and "2^-24" in text and "2^-136" in text
+
+
+# -- names -------------------------------------------------------------------------------
+
+
+def test_names_and_aliases():
+    assert [parse_format(n) for n in ("half", "float16", "BF16", "bfloat16", "float32", "TF32")] == [
+        "fp16", "fp16", "bf16", "bf16", "fp32", "tf32"]
+    assert [parse_format(n) for n in ("e4m3", "fp8_e4m3fn", "float8_e4m3fn", "E5M2", "fp8-e5m2")] == [
+        "fp8_e4m3", "fp8_e4m3", "fp8_e4m3", "fp8_e5m2", "fp8_e5m2"]
+    assert parse_format(torch.float8_e4m3fn) == "fp8_e4m3"
+    assert parse_format(torch.bfloat16) == "bf16"
+
+
+@pytest.mark.parametrize("bad", ["fp61", "", "int8", torch.int8, torch.float64, 16, None])
+def test_unknown_format_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="format must be one of fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2"):
+        format_info(bad)
+    with pytest.raises(ValueError, match="format must be one of"):
+        round_to_format(torch.ones(2), bad)
+
+
+# -- rounding ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
+def test_rounding_is_torchs_cast(name):
+    x = torch.cat([wide_values(), torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan])])
+    got = round_to_format(x, name)
+    want = x.to(DTYPES[name]).float()
+    assert got.dtype == torch.float32
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
+# expected values worked out by hand: (input, fp16, bf16)
+EDGES = [
+    (1 + 2.0**-11, 1.0, 1.0),                       # fp16 tie between 1 and 1+2^-10: even is 1
+    (1 + 3 * 2.0**-11, 1 + 2.0**-9, 1.0),           # fp16 tie: rounds up to the even neighbour
+    (1 + 2.0**-8, 1 + 2.0**-8, 1.0),                # bf16 tie: its 7 mantissa bits drop 2^-8
+    (1 + 3 * 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-6),  # bf16 tie rounds up to even
+    (2.0**-24, 2.0**-24, 2.0**-24),                 # fp16's smallest subnormal
+    (2.0**-25, 0.0, 2.0**-25),                      # half of it: a tie, flushed to 0 (even)
+    (2.0**-25 * 1.0001, 2.0**-24, 2.0**-25 * 1.0),  # just above the tie: rounds up to 2^-24
+    (3 * 2.0**-25, 2.0**-23, 3 * 2.0**-25),         # tie between 1 and 2 subnormal steps: 2
+    (65504.0, 65504.0, 65536.0),                    # fp16 max; bf16 has only 8 bits: 2^16
+    (65519.0, 65504.0, 65536.0),                    # below the overflow tie: stays finite
+    (65520.0, math.inf, 65536.0),                   # the tie max+ulp/2 goes to inf
+    (-1e6, -math.inf, -999424.0),
+]
+
+
+@pytest.mark.parametrize("value, fp16, bf16", EDGES)
+def test_rounding_edges_by_hand(value, fp16, bf16):
+    x = torch.tensor([value], dtype=torch.float64)
+    assert round_to_format(x, "fp16").item() == fp16
+    assert round_to_format(x, "bf16").item() == bf16
+    assert bits_of(value, "fp16").stored == fp16
+
+
+def tf32_reference(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to 10 mantissa bits with numpy's round-half-even, in float64.
+
+    Written from the definition (value = m * 2^e, spacing 2^(e-10), floored at the
+    subnormal spacing 2^-136), not from the bit pattern the package uses.
+    """
+    x64 = x.astype(np.float64)
+    _, e = np.frexp(x64)  # x = m * 2^e with 0.5 <= |m| < 1: the leading bit is 2^(e-1)
+    spacing_exp = np.maximum(e - 1, -126) - 10
+    out = np.ldexp(np.rint(np.ldexp(x64, -spacing_exp)), spacing_exp)
+    out = np.where(np.abs(out) > (2 - 2.0**-10) * 2.0**127, np.copysign(np.inf, x64), out)
+    return np.where(np.isfinite(x64), out, x64)
+
+
+def test_tf32_matches_an_independent_reference():
+    x = wide_values(40_000, lo=-150, hi=128)
+    # exact ties: low 13 bits 0x1000, with the kept lowest bit even and odd
+    g = torch.Generator().manual_seed(1)
+    pat = torch.randint(0x00800000, 0x7F000000, (2000,), generator=g, dtype=torch.int64)
+    ties = ((pat & ~0x1FFF) | 0x1000).to(torch.int32).view(torch.float32)
+    sub = torch.tensor([2.0**-149, 2.0**-137, 3 * 2.0**-137, 2.0**-136, 1.5 * 2.0**-136, 2.0**-126 * 0.99999],
+                       dtype=torch.float32)
+    big = torch.tensor([3.4e38, 3.40116e38, torch.finfo(torch.float32).max, 1.0, -0.0, 0.0])
+    x = torch.cat([x, ties, -ties, sub, big, torch.tensor([math.inf, -math.inf])])
+    got = round_to_format(x, "tf32").double().numpy()
+    want = tf32_reference(x.numpy())
+    assert np.array_equal(got, want)
+    assert np.signbit(got[x.numpy() == 0]).tolist() == np.signbit(x.numpy()[x.numpy() == 0]).tolist()
+    assert math.isnan(round_to_format(torch.tensor([math.nan]), "tf32").item())
+
+
+def test_tf32_spot_values():
+    x = torch.tensor([1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-10, 1 + 1e-4, 2.0**-136, 2.0**-137])
+    assert round_to_format(x, "tf32").tolist() == [1.0, 1 + 2.0**-9, 1 + 2.0**-10, 1.0, 2.0**-136, 0.0]
+    near_max = torch.tensor([torch.finfo(torch.float32).max])
+    assert round_to_format(near_max, "tf32").item() == math.inf
+    assert round_to_format(torch.tensor([1.0]), "tf32").dtype == torch.float32
+
+
+def test_non_floating_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="floating-point tensor"):
+        round_to_format(torch.arange(4), "fp16")
+    with pytest.raises(ValueError, match="floating-point tensor"):
+        census(torch.ones(3, dtype=torch.int32), "fp16")
+    with pytest.raises(ValueError, match="floating-point tensor or a number"):
+        round_to_format("0.1", "fp16")
+    with pytest.raises(ValueError, match="floating-point tensor or a number"):
+        round_to_format(True, "fp16")
+
+
+# -- bits ----------------------------------------------------------------------------------
+
+
+def test_bits_of_known_patterns():
+    one = bits_of(1.0, "fp16")
+    assert (one.sign, one.exponent, one.mantissa, one.kind) == ("0", "01111", "0000000000", "normal")
+    top = bits_of(65504, "fp16")
+    assert (top.exponent, top.mantissa, top.rel_error) == ("11110", "1111111111", 0.0)
+    tiny = bits_of(2.0**-24, "fp16")
+    assert (tiny.exponent, tiny.mantissa, tiny.kind) == ("00000", "0000000001", "subnormal")
+    gone = bits_of(1e-8, "fp16")
+    assert (gone.stored, gone.kind, gone.rel_error) == (0.0, "zero", 1.0)
+    assert bits_of(1e5, "fp16").kind == "inf" and bits_of(1e5, "fp16").rel_error == math.inf
+    neg = bits_of(-2.0, "bf16")
+    assert (neg.sign, neg.exponent, neg.mantissa) == ("1", "10000000", "0000000")
+    assert bits_of(1 + 2.0**-8, "bf16").stored == 1.0
+    t = bits_of(0.1, "tf32")
+    assert len(t.exponent) == 8 and len(t.mantissa) == 10 and t.stored == round_to_format(
+        torch.tensor([0.1], dtype=torch.float64), "tf32").item()
+    assert bits_of(1e6, "fp8_e4m3").stored == 448 and "saturated" in str(bits_of(1e6, "fp8_e4m3"))
+    assert bits_of(math.nan, "fp16").kind == "nan"
+
+
+def test_bits_rebuild_the_stored_value():
+    for name in FORMATS:
+        f = format_info(name)
+        bias = 2 ** (f.exponent_bits - 1) - 1
+        for v in (0.1, -3.75, 1e-3, 2.0**-20, 200.0):
+            b = bits_of(v, name)
+            if b.kind not in ("normal", "subnormal"):
+                continue
+            e = int(b.exponent, 2)
+            lead = 1 if b.kind == "normal" else 0
+            mant = lead + int(b.mantissa, 2) / 2**f.mantissa_bits
+            value = mant * 2.0 ** (max(e, 1) - bias) * (-1 if b.sign == "1" else 1)
+            assert value == b.stored, (name, v)
+
+
+def test_bits_of_rejects_non_numbers():
+    with pytest.raises(ValueError, match="value must be a number"):
+        bits_of("0.1", "fp16")
+
+
+# -- census --------------------------------------------------------------------------------
+
+
+def test_census_of_a_hand_built_tensor():
+    x = torch.tensor([0.0, 0.0, 1e-9, -2.0**-25, 2.0**-24, 1e-6, -6e-5,
+                      1.0, -3.0, 1e-4, 65504.0, 65520.0, -1e9, math.inf, math.nan])
+    c = census(x, "fp16")
+    assert (c.total, c.zero, c.flushed, c.subnormal, c.normal, c.overflow, c.nan) == (15, 2, 2, 3, 4, 3, 1)
+    assert c.nonzero == 13
+    assert c.fraction("flushed") == pytest.approx(2 / 13)
+    b = census(x, "bf16")
+    assert (b.zero, b.flushed, b.subnormal, b.normal, b.overflow, b.nan) == (2, 0, 0, 11, 1, 1)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        c.fraction("lost")
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "tf32", "fp8_e5m2", "fp8_e4m3"])
+def test_census_agrees_with_rounding(name):
+    f = format_info(name)
+    edges = torch.tensor([f.flush_below, f.normal_from, f.smallest_normal, f.overflow_from, f.max])
+    near = [edges, torch.nextafter(edges, torch.tensor(math.inf)), torch.nextafter(edges, torch.tensor(0.0))]
+    x = torch.cat([wide_values(30_000, lo=-150, hi=128), *near, *(-e for e in near)])
+    r = round_to_format(x, name).double()
+    c = census(x, name)
+    over = r.isinf() if f.has_inf else (r.abs() == f.max) & (x.double().abs() > f.overflow_from)
+    assert c.overflow == int(over.sum())
+    assert c.flushed == int(((r == 0) & (x != 0)).sum())
+    assert c.subnormal == int(((r != 0) & (r.abs() < f.smallest_normal)).sum())
+    assert c.normal == int(((r.abs() >= f.smallest_normal) & ~over).sum())
+    assert c.flushed + c.subnormal + c.normal + c.overflow == c.nonzero
+
+
+def test_scaled_census_equals_classifying_the_scaled_tensor():
+    g = wide_values(5000, lo=-40, hi=0)
+    for k in (0, 4, 11, 16, 20, 24):
+        s = 2.0**k
+        direct = census(g * s, "fp16")
+        slider = scaled_census(g, "fp16", s)
+        assert slider == dataclasses.replace(direct, scale=s)
+        for kind in formats.KINDS:
+            assert slider.fraction(kind) == direct.fraction(kind)
+
+
+def test_scale_table_shows_the_census_percentages():
+    g = wide_values(5000, lo=-40, hi=0)
+    text = scale_table(g, 2.0**12)
+    assert text.splitlines()[0] == "loss scale 2^12 = 4096"
+    for line, name in zip(text.splitlines()[2:4], ("fp16", "bf16")):
+        c = census(g * 2.0**12, name)
+        assert line.split() == [name, *(f"{c.fraction(k):.3%}" for k in formats.KINDS)]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, "65536", True, None])
+def test_a_bad_loss_scale_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="loss scale must be a positive finite number"):
+        scaled_census(torch.ones(3), "fp16", bad)
+    with pytest.raises(ValueError, match="loss scale must be a positive finite number"):
+        scale_table(torch.ones(3), bad)
+
+
+# -- exercise ------------------------------------------------------------------------------
+
+
+def test_loss_scale_checker():
+    g = torch.tensor([2.0**-30, 2.0**-20, 2.0**-10, 2.0**-3] * 25 + [0.0] * 7)
+    assert not check_loss_scale(None, g).passed
+    assert "no answer yet" in str(check_loss_scale("?", g))
+    small = check_loss_scale(2.0**4, g)  # 2^-26 flushes, 2^-16 subnormal
+    assert not small.passed and "too small" in str(small) and "25 flushed" in str(small)
+    good = check_loss_scale(2.0**16, g)  # 2^-14 .. 2^13: all normal
+    assert good.passed and "100.00%" in str(good)
+    big = check_loss_scale(2.0**20, g)  # 2^-3 * 2^20 = 2^17 overflows
+    assert not big.passed and "25 values overflow" in str(big)
+    assert not check_loss_scale(3000.0 * 16, g).passed
+    assert "not a power of two" in str(check_loss_scale(3000.0 * 16, g))
+    assert "positive finite" in str(check_loss_scale(-4.0, g))
+
+
+# -- plots and widgets (thin: they show what the functions above computed) -----------------
+
+
+def test_format_ranges_figure():
+    from matplotlib.figure import Figure
+
+    from amp_lessons.plots import format_ranges
+
+    fig = format_ranges(values=wide_values(100, lo=-30, hi=-2))
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    assert ax.get_title() == "fp16 covers 40 powers of two; bf16 covers 261, nearly fp32's range"
+    assert "log2" in ax.get_xlabel()
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(reversed(FORMATS))
+
+
+def test_gradient_histogram_title_states_the_census():
+    from amp_lessons.plots import gradient_histogram
+
+    g = wide_values(4000, lo=-36, hi=-3)
+    c16, cbf = census(g, "fp16"), census(g, "bf16")
+    fig = gradient_histogram(g)
+    top, ax = fig.axes
+    assert top.get_title() == (f"fp16 flushes {c16.fraction('flushed'):.2%} of these gradients "
+                               f"to zero, bf16 {cbf.fraction('flushed'):.2%}")
+    assert c16.flushed > 0 and cbf.flushed == 0
+    assert ax.get_xlabel() == "log2 |gradient|" and "log scale" in ax.get_ylabel()
+    shifted = gradient_histogram(g, 2.0**22).axes[0].get_title()
+    over = scaled_census(g, "fp16", 2.0**22).fraction("overflow")
+    assert shifted.startswith("loss scale 2^22: fp16 flushes") and f"fp16 overflows {over:.2%}" in shifted
+    with pytest.raises(ValueError, match="loss scale"):
+        gradient_histogram(g, 0)
+
+
+def test_parse_number():
+    from amp_lessons.widgets import parse_number
+
+    assert parse_number("2^-24") == parse_number("2**-24") == parse_number(" 2 ^ (-24) ") == 2.0**-24
+    assert parse_number("-2^3") == -8.0
+    assert parse_number("1e-4") == 1e-4 and parse_number("inf") == math.inf
+    with pytest.raises(ValueError, match="type a number"):
+        parse_number("one")
+
+
+def test_format_explorer_renders_bits_of():
+    from amp_lessons.widgets import format_explorer, value_in_format
+
+    assert value_in_format("1e-8", "fp16") == str(bits_of(1e-8, "fp16"))
+    assert value_in_format("abc", "fp16").startswith("type a number")
+    box = format_explorer("0.1", "half")
+    assert "0.0999755859375" in box.view.value
+    box.children[0].value = "bf16"
+    assert "0.10009765625" in box.view.value
+    box.children[1].value = "2^-24"
+    assert "5.960464477539063e-08" in box.view.value
+
+
+def test_loss_scale_explorer_shows_the_scale_table():
+    import html
+
+    from amp_lessons.widgets import loss_scale_explorer
+
+    g = wide_values(3000, lo=-36, hi=-3)
+    box = loss_scale_explorer(g)
+    assert html.escape(scale_table(g, 1.0)) in box.table.view.value
+    first_png = bytes(box.histogram.view.value)
+    assert first_png.startswith(b"\x89PNG")
+    box.slider.value = 2.0**16
+    assert html.escape(scale_table(g, 2.0**16)) in box.table.view.value
+    assert bytes(box.histogram.view.value) != first_png
+    assert len(box.slider.options) == 25
+    assert loss_scale_explorer(g, exponent=3, histogram=False).histogram is None
+
+
+def test_rounding_error():
+    from amp_lessons.formats import rounding_error
+
+    x = torch.tensor([1 + 2.0**-11, 1e-9, 1e6, 0.0, -2.0])
+    err = rounding_error(x, "fp16")
+    assert err.tolist() == [2.0**-11 / (1 + 2.0**-11), 1.0, math.inf, 0.0]  # the 0 is left out
+    g = wide_values(5000, lo=-120, hi=120)
+    assert rounding_error(g, "bf16").max().item() <= 2.0**-8  # half of bf16's eps
+    assert rounding_error(g, "tf32").max().item() <= 2.0**-11

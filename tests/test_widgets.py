@@ -1,0 +1,213 @@
+"""The lessons' widgets without a browser: their pure render functions, and each widget's
+wiring (set a control's value, the view follows).
+
+This file also runs under ipywidgets 7.7.1, the version Colab pins (``make test-colab``),
+so it uses only what both 7.7 and 8 provide: ``.children``, ``.value``, ``.description``,
+``.options``.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import ipywidgets as W
+import pytest
+import torch
+
+import amp_lessons.widgets as widgets
+from amp_lessons.precision import PRECISIONS, dtype_of, needs_scaler, uses_autocast
+
+# ipywidgets 7.7.1 opens its comms through ipykernel.comm.Comm, which newer ipykernels
+# deprecate; Colab's own ipykernel is older and does not warn. Not the lessons' code.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The `ipykernel.comm.Comm` class has been deprecated:DeprecationWarning"
+)
+
+WIDGETS_PY = Path(widgets.__file__)
+IPYWIDGETS_MAJOR = int(W.__version__.split(".")[0])
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def lesson_function(name: str):
+    """A lesson's function from amp_lessons.widgets; skips only while it is not written yet."""
+    fn = getattr(widgets, name, None)
+    if fn is None:
+        pytest.skip(f"amp_lessons.widgets.{name} does not exist yet")
+    return fn
+
+
+def control(box, description: str):
+    """The control labelled ``description`` in a live() box (fails if there is none)."""
+    found = [c for c in box.children[:-1] if getattr(c, "description", None) == description]
+    assert len(found) == 1, f"no single control {description!r} in {[c.description for c in box.children[:-1]]}"
+    return found[0]
+
+
+def shown_text(box) -> str:
+    """The text a live() box's HTML view shows (the <pre> content, unescaped)."""
+    assert isinstance(box.view, W.HTML)
+    m = re.fullmatch(r"<pre[^>]*>(.*)</pre>", box.view.value, flags=re.S)
+    assert m, f"the view is not a <pre>: {box.view.value[:200]!r}"
+    return html.unescape(m.group(1))
+
+
+def shown_png(box) -> bytes:
+    assert isinstance(box.view, W.Image)
+    data = bytes(box.view.value)
+    assert data.startswith(PNG), "the view does not hold a PNG"
+    return data
+
+
+# --- live() ----------------------------------------------------------------------------
+
+
+def test_live_shows_text_and_follows_every_control():
+    a = W.IntSlider(value=1, min=0, max=10, description="a")
+    b = W.Dropdown(options=["x", "y"], value="x", description="b")
+    calls = []
+
+    def render():
+        calls.append((a.value, b.value))
+        return f"a={a.value} b={b.value} <&>"
+
+    box = widgets.live([a, b], render)
+    assert isinstance(box, W.VBox) and list(box.children) == [a, b, box.view]
+    assert shown_text(box) == "a=1 b=x <&>"  # escaped in the HTML, read back as typed
+    a.value = 7
+    assert shown_text(box) == "a=7 b=x <&>"
+    b.value = "y"
+    assert shown_text(box) == "a=7 b=y <&>"
+    assert calls == [(1, "x"), (7, "x"), (7, "y")]
+    box.refresh()
+    assert calls[-1] == (7, "y") and len(calls) == 4
+
+
+def test_live_figure_view_is_a_png_that_changes_with_the_control():
+    import matplotlib.pyplot as plt
+
+    n = W.IntSlider(value=2, min=1, max=5, description="n")
+
+    def render():
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.plot(range(n.value))
+        return fig
+
+    before = set(plt.get_fignums())
+    box = widgets.live([n], render, figure=True)
+    first = shown_png(box)
+    n.value = 5
+    assert shown_png(box) != first
+    assert set(plt.get_fignums()) == before  # each rendered figure is closed
+
+
+def test_live_accepts_another_layout():
+    t = W.ToggleButtons(options=["p", "q"], value="p", description="t")
+    box = widgets.live([t], lambda: t.value, layout=W.HBox)
+    assert isinstance(box, W.HBox)
+    t.value = "q"
+    assert shown_text(box) == "q"
+
+
+# --- 00_start_here ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PRECISIONS)
+def test_describe_precision_matches_the_precision_module(name):
+    text = widgets.describe_precision(name, "cpu")
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in text.splitlines() if "  " in line)
+    assert rows["precision"] == name
+    assert rows["compute dtype"] == str(dtype_of(name))
+    assert rows["autocast"] == ("yes" if uses_autocast(name) else "no")
+    assert rows["GradScaler"] == ("yes" if needs_scaler(name) else "no")
+
+
+def test_describe_precision_fp16_against_torch():
+    assert dtype_of("fp16") == torch.float16 and dtype_of("bf16") == torch.bfloat16
+    text = widgets.describe_precision("fp16", "cpu")
+    assert "compute dtype  torch.float16" in text and "GradScaler     yes" in text
+    assert text.splitlines()[-1] == "runs on cpu    yes"  # CPU autocast supports float16
+    assert "no: " in widgets.describe_precision("tf32", "cpu").splitlines()[-1]
+
+
+def test_precision_picker_follows_the_buttons():
+    box = widgets.precision_picker(device="cpu")
+    choice = control(box, "precision")
+    assert isinstance(choice, W.ToggleButtons)
+    assert list(choice.options) == list(PRECISIONS) and choice.value == "bf16"
+    assert shown_text(box) == widgets.describe_precision("bf16", "cpu")
+    for name in ("fp16", "fp32", "tf32"):
+        choice.value = name
+        assert shown_text(box) == widgets.describe_precision(name, "cpu")
+
+
+def test_precision_picker_starts_where_asked():
+    box = widgets.precision_picker(device="cpu", value="fp16")
+    assert control(box, "precision").value == "fp16"
+    assert shown_text(box) == widgets.describe_precision("fp16", "cpu")
+
+
+# --- 01_number_formats -----------------------------------------------------------------
+
+# --- 02_autocast -----------------------------------------------------------------------
+
+
+def test_autocast_table_traces_the_card_model_on_cpu():
+    autocast_table = lesson_function("autocast_table")
+    text = autocast_table("card_model", "fp16", "cpu")
+    assert text.startswith("Sequential on cpu, autocast torch.float16")
+    rows = [line.split() for line in text.split("\n\n")[1].splitlines()[1:]]
+    ops = {row[2]: row for row in rows}
+    assert ops["addmm"][3:6] == ["fp16", "fp16", "fp16"]  # the matmul ran in 16-bit
+    assert ops["_log_softmax"][-1] == "fp32" and ops["nll_loss_forward"][-1] == "fp32"  # the loss did not
+    assert "bf16" in autocast_table("card_model", "bf16", "cpu").split("\n\n")[1]
+
+
+def test_autocast_explorer_follows_model_dtype_and_device():
+    explorer = lesson_function("autocast_explorer")
+    autocast_table = lesson_function("autocast_table")
+    box = explorer(device="cpu")
+    dtype, model, device = control(box, "dtype"), control(box, "model"), control(box, "device")
+    assert (model.value, dtype.value, device.value) == ("card_model", "bf16", "cpu")
+    assert "cpu" in device.options
+    assert shown_text(box) == autocast_table("card_model", "bf16", "cpu")
+    dtype.value = "fp16"
+    assert shown_text(box) == autocast_table("card_model", "fp16", "cpu")
+    model.value = "TransformerBlock"
+    assert shown_text(box) == autocast_table("TransformerBlock", "fp16", "cpu")
+
+
+def test_autocast_explorer_takes_the_notebooks_dtype():
+    explorer = lesson_function("autocast_explorer")
+    box = explorer("cpu", precision=torch.float16)
+    assert control(box, "dtype").value == "fp16"
+
+
+# --- 03_grad_scaler --------------------------------------------------------------------
+
+
+# --- the API both ipywidgets 7.7.1 (Colab) and 8 provide ---------------------------------
+
+# Names and arguments that exist only in ipywidgets 8: on Colab (7.7.1) they raise or warn.
+# (Output exists in both, but breaks the stored outputs nbval compares: live() replaces it.)
+ONLY_IN_8 = [
+    r"\bStack\b", r"\bTagsInput\b", r"\bColorsInput\b", r"\bFloatsInput\b", r"\bIntsInput\b",
+    r"\bTimePicker\b", r"\bNaiveDatetimePicker\b", r"\bDatetimePicker\b",
+    r"\btooltip=", r"\btitles=", r"\bdescription_allow_html\b", r"\bbehavior=", r"\btabbable\b",
+    r"\bOutput\(",
+]  # fmt: skip
+
+
+def test_widgets_module_uses_only_api_shared_by_ipywidgets_7_and_8():
+    source = WIDGETS_PY.read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
+    found = [pattern for pattern in ONLY_IN_8 if re.search(pattern, code)]
+    assert not found, f"amp_lessons/widgets.py uses ipywidgets-8-only (or Output) API: {found}"
+
+
+def test_running_ipywidgets_version():
+    # make test-colab runs this file under 7.7.1; .venv has 8
+    assert IPYWIDGETS_MAJOR in (7, 8)
+    if IPYWIDGETS_MAJOR == 7:
+        assert W.__version__ == "7.7.1"
