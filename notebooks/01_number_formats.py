@@ -154,8 +154,8 @@ format_explorer("1e-8", "fp16")
 # ## Your gradients
 #
 # So far, single numbers. What matters in training is where the **gradients** lie. Below,
-# a small MLP learns the 8x8 handwritten digits in float32 for 100 steps on this machine,
-# and `GradientRecorder` keeps the gradients of step 100: every weight's gradient, and the
+# a small MLP learns the 8x8 handwritten digits in float32 for 50 steps on this machine,
+# and `GradientRecorder` keeps the gradients of step 50: every weight's gradient, and the
 # gradients that flow between the layers during backward (the `grad_output` of each
 # `Linear`). In float32 nothing is lost, so these are the values a 16-bit backward pass
 # would have to hold.
@@ -165,10 +165,10 @@ from amp_lessons.data import digits
 from amp_lessons.models import mlp
 from amp_lessons.training import GradientRecorder, Trainer
 
-recorder = GradientRecorder(steps={100})
+recorder = GradientRecorder(steps={50})
 trainer = Trainer(mlp(64, 64, 10, depth=2), digits(), precision="fp32", device=device,
-                  lr=3e-3, callbacks=[recorder])
-history = trainer.fit(steps=101)
+                  lr=5e-3, callbacks=[recorder])
+history = trainer.fit(steps=51)
 print(f"loss {history['loss'][0]:.3f} -> {history['loss'][-1]:.3f}, test accuracy {trainer.evaluate():.3f}")
 
 # %%

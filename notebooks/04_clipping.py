@@ -77,10 +77,10 @@ for precision, order in CASES:
           f"{r.applied_norm:>10.3g}")
 
 # %% [markdown]
-# All three runs start from the same gradient (the "true norm" column). Below `max_norm`,
-# the right order leaves it alone, as float32 does. The wrong order saw the true norm
-# times the scale, far above `max_norm`, and cut the gradient down to a norm of
-# `max_norm / scale`:
+# All three runs start from the same gradient (the "true norm" column). The right order
+# compares that true norm with `max_norm`, as float32 does, and applies the same gradient.
+# The wrong order saw the true norm times the scale, far above `max_norm`, and cut the
+# gradient down to a norm of `max_norm / scale`:
 
 # %%
 from amp_lessons.clipping import effective_threshold
@@ -114,7 +114,7 @@ runs = {}
 for label, (precision, order) in RUNS.items():
     trainer = Trainer(lesson_model(), data, precision=precision, device=device, optimizer="sgd",
                       lr=0.5, clip_norm=MAX_NORM, clip_order=order, teaching=True, seed=0)
-    runs[label] = trainer.fit(120)
+    runs[label] = trainer.fit(100)
 print(clipping_table(runs, MAX_NORM))
 
 # %% [markdown]
@@ -170,15 +170,16 @@ adam_runs = {}
 for label in ("fp16, unscale_ then clip", "fp16, clip then unscale_"):
     precision, order = RUNS[label]
     trainer = Trainer(lesson_model(), data, precision=precision, device=device, optimizer="adamw",
-                      lr=1e-3, clip_norm=MAX_NORM, clip_order=order, teaching=True, seed=0)
-    adam_runs[label] = trainer.fit(120)
+                      lr=3e-3, clip_norm=MAX_NORM, clip_order=order, teaching=True, seed=0)
+    adam_runs[label] = trainer.fit(60)
 print(clipping_table(adam_runs, MAX_NORM))
 
 # %% [markdown]
 # Compare the two `loss` values above: Adam carries on training, although the `applied`
 # column shows that every step still clipped the gradient to `max_norm / scale`. The trap
-# is hidden, not gone. Adam's `eps` (1e-8) is added to the square root of those tiny
-# second moments, and it is no longer small beside them:
+# is hidden, not gone: the step size now rests on Adam's normalisation alone, and its
+# `eps` (1e-8, added to the root of the squared gradients and meant to be negligible) is
+# now compared with gradient values this small:
 
 # %%
 import statistics
@@ -201,7 +202,7 @@ print(f"typical |gradient| after the wrong clip: {typical:.1e}   Adam's eps: {1e
 CLIP_VALUE = 0.01
 for precision, order in CASES:
     r = one_clipped_step(lesson_model().to(device), x, y, precision, clip_value=CLIP_VALUE, order=order)
-    print(f"{precision + ', ' + order:<22} largest |g| before {r.seen / r.scale:.4f}, after {r.applied_max:.3g}")
+    print(f"{precision + ', ' + order:<22} largest |g| {r.true_max:.4f}, clip saw {r.seen:<8.4g} after {r.applied_max:.3g}")
 print(f"clip_value / scale: {CLIP_VALUE / r.scale:.3g}")
 
 # %% [markdown]

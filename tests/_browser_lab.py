@@ -48,7 +48,11 @@ class LabError(AssertionError):
 
 def find_chromium() -> str | None:
     """Debian's chromium (``apt-get install chromium``), or AMP_LESSONS_CHROMIUM."""
-    for candidate in (os.environ.get("AMP_LESSONS_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+    for candidate in (
+        os.environ.get("AMP_LESSONS_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -110,13 +114,17 @@ class LabServer:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise LabError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise LabError(
+                    f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 self.api("GET", "/api/status")
                 return self
             except OSError:
                 if time.monotonic() > deadline:
-                    raise LabError(f"jupyter lab did not answer in {timeout:.0f} s:\n{self.log_tail()}") from None
+                    raise LabError(
+                        f"jupyter lab did not answer in {timeout:.0f} s:\n{self.log_tail()}"
+                    ) from None
                 time.sleep(0.25)
 
     def api(self, method: str, path: str):
@@ -177,14 +185,18 @@ def launch_chromium(playwright, executable: str, user_data_dir: Path):
 
 # --- the page ------------------------------------------------------------------------
 
-# Installed in every page: remember when the last user input happened, and read views.
+# Installed in every page. ``amp.arm(box)`` snapshots a widget's views (its HTML and Image
+# widgets) and watches them; the first input event after arming starts the clock.
 _PAGE_JS = r"""
 (() => {
   if (window.__amp) return;
-  const amp = window.__amp = {lastInput: null};
-  for (const type of ['click', 'keydown', 'change']) {
-    document.addEventListener(type, () => { amp.lastInput = performance.now(); }, true);
+  const amp = window.__amp = {armed: null};
+  for (const type of ['click', 'keydown', 'input', 'change']) {
+    document.addEventListener(type, () => {
+      if (amp.armed && amp.armed.firstInput === null) amp.armed.firstInput = performance.now();
+    }, true);
   }
+  amp.views = (box) => Array.from(box.querySelectorAll('.widget-html, img'));
   amp.content = (view) => {
     if (view.tagName === 'IMG') return view.getAttribute('src') || '';
     const inner = view.querySelector('.widget-html-content');
@@ -199,6 +211,37 @@ _PAGE_JS = r"""
     const m = item && /(\d+) log entr/.exec(item.getAttribute('title'));
     return m ? Number(m[1]) : 0;
   };
+  amp.arm = (box, expect) => {
+    const views = amp.views(box);
+    const st = amp.armed = {
+      firstInput: null, views, before: views.map(amp.content), changedAt: views.map(() => null),
+      expect: expect === null ? views.map((_, i) => i) : expect,
+      errorsBefore: amp.errors().length, logBefore: amp.logCount(),
+    };
+    views.forEach((v, i) => {
+      const obs = new MutationObserver(() => {
+        if (st.changedAt[i] === null && amp.content(v) !== st.before[i]) {
+          st.changedAt[i] = performance.now();
+          obs.disconnect();
+        }
+      });
+      obs.observe(v, {subtree: true, childList: true, characterData: true, attributes: true});
+    });
+    return {before: st.before, kinds: views.map(v => v.tagName === 'IMG' ? 'image' : 'html')};
+  };
+  amp.done = () => {
+    const st = amp.armed;
+    return st.expect.every(i => st.changedAt[i] !== null)
+      || amp.errors().length > st.errorsBefore || amp.logCount() > st.logBefore;
+  };
+  amp.digest = async (view) => {
+    if (!view.getAttribute('src')) return '';
+    await view.decode();
+    if (!view.naturalWidth) return '';
+    const buf = await (await fetch(view.src)).arrayBuffer();
+    const d = await crypto.subtle.digest('SHA-256', buf);
+    return Array.from(new Uint8Array(d)).map(b => b.toString(16).padStart(2, '0')).join('');
+  };
 })();
 """
 
@@ -207,13 +250,27 @@ _PROMPTS_JS = "() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Code
 _STATUS = ".jp-StatusBar-Item:has-text('ipykernel) |')"
 
 
+def _is_timeout(exc: Exception) -> bool:
+    return "Timeout" in type(exc).__name__
+
+
 def open_notebook(context, server: LabServer, notebook: str, timeout: float = 90):
     """Open ``notebook`` in its own workspace and wait for its kernel to be idle."""
     page = context.new_page()
     page.add_init_script(_PAGE_JS)
     page.goto(server.url(notebook, workspace=Path(notebook).stem.replace(".", "_")))
-    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=timeout * 1000)
-    page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
+    try:
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=timeout * 1000)
+        page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
+    except Exception as exc:
+        if not _is_timeout(exc):
+            raise
+        dialogs = page.locator(".jp-Dialog").all_inner_texts()
+        raise LabError(
+            f"{notebook} did not open with an idle kernel within {timeout:.0f} s"
+            + (f"; a dialog is open: {dialogs}" if dialogs else "")
+            + f"\nserver log:\n{server.log_tail()}"
+        ) from None
     return page
 
 
@@ -234,13 +291,22 @@ def run_all(page, timeout: float = 120) -> float:
         }"""
     )
     start = time.monotonic()
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
     page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
     page.wait_for_function("() => window.__amp.runStarted", timeout=15_000)
-    page.wait_for_function(
-        f"""() => !({_PROMPTS_JS})().some(p => p.includes('*'))""", timeout=timeout * 1000, polling=200
-    )
-    page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
+    try:
+        page.wait_for_function(
+            f"() => !({_PROMPTS_JS})().some(p => p.includes('*'))",
+            timeout=timeout * 1000,
+            polling=200,
+        )
+        page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
+    except Exception as exc:
+        if not _is_timeout(exc):
+            raise
+        raise LabError(
+            f"Run All Cells had not finished after {timeout:.0f} s: {page.evaluate(_PROMPTS_JS)}"
+        ) from None
     seconds = time.monotonic() - start
     prompts = page.evaluate(_PROMPTS_JS)
     not_run = [i for i, p in enumerate(prompts) if not p.strip("[]: ").isdigit()]
@@ -255,8 +321,18 @@ def run_all(page, timeout: float = 120) -> float:
     return seconds
 
 
+def cell_output(page, source_line: str) -> str:
+    """The text output of the code cell whose source contains ``source_line``."""
+    cells = page.locator(".jp-Notebook .jp-CodeCell").filter(
+        has=page.locator(".jp-InputArea").get_by_text(source_line, exact=False)
+    )
+    if cells.count() != 1:
+        raise LabError(f"expected one code cell containing {source_line!r}, found {cells.count()}")
+    return cells.locator(".jp-OutputArea-output").first.evaluate("e => e.textContent")
+
+
 def widgets_on_page(page) -> list[str]:
-    """The labels of every control inside a rendered widget box (for error messages)."""
+    """The labels of every control inside a rendered widget (for error messages)."""
     return page.evaluate(
         "() => Array.from(document.querySelectorAll('.jp-OutputArea-output .widget-box label.widget-label'))"
         ".map(e => e.textContent.trim()).filter(Boolean)"
@@ -264,12 +340,13 @@ def widgets_on_page(page) -> list[str]:
 
 
 def find_widget(page, control: str, timeout: float = 20):
-    """The rendered live() box holding a control labelled ``control``; fails if there is none.
+    """The rendered widget (an output's top box) holding a control labelled ``control``.
 
-    A box counts only when it rendered as a widget (not its text repr) and its last child is
-    a view: an HTML widget or an Image.
+    Fails, never passes vacuously, when no rendered widget has that control (the cell did
+    not run, the widget shows its text repr, the label changed) or when it has no view
+    (an HTML or Image widget) to check.
     """
-    boxes = page.locator(".jp-OutputArea-output .widget-box").filter(
+    boxes = page.locator(".jp-OutputArea-output > .widget-box").filter(
         has=page.locator("label.widget-label").get_by_text(control, exact=True)
     )
     deadline = time.monotonic() + timeout
@@ -280,90 +357,82 @@ def find_widget(page, control: str, timeout: float = 20):
                 f"controls on the page: {widgets_on_page(page)}"
             )
         page.wait_for_timeout(200)
-    box = boxes.last  # the innermost box holding the control: live()'s own box
-    kind = box.evaluate(
-        "b => { const v = b.lastElementChild; return v && (v.tagName === 'IMG' ? 'image'"
-        " : v.classList.contains('widget-html') ? 'html' : null); }"
-    )
-    if kind is None:
-        raise LabError(f"the widget with {control!r} has no HTML or Image view as its last child")
+    if boxes.count() > 1:
+        raise LabError(f"{boxes.count()} widgets have a control labelled {control!r}; expected one")
+    box = boxes.first
+    if not box.evaluate("b => window.__amp.views(b).length"):
+        raise LabError(f"the widget with {control!r} has no HTML or Image view")
     return box
 
 
 @dataclass
 class Change:
-    """What happened after a control changed: the view's content before and after."""
+    """A widget's views (HTML text or Image src, in page order) before and after a change."""
 
-    kind: str  # "html" or "image"
-    before: str
-    after: str
-    latency_s: float
-    after_digest: str = ""
+    kinds: list[str]
+    before: list[str]
+    after: list[str]
+    latency_s: float  # input event -> the last expected view updated
+    digests: list[str]  # SHA-256 of each Image view's PNG after the change ('' for HTML)
+
+    def text(self, i: int = 0) -> str:
+        """The i-th HTML view's text."""
+        return [a for k, a in zip(self.kinds, self.after, strict=True) if k == "html"][i]
+
+    def images(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k == "image"]
 
 
-def change_control(page, box, act, timeout: float = 10) -> Change:
-    """Do ``act(box)`` (real input events) and wait for the box's view to show new content.
+def change_control(page, box, act, expect: list[int] | None = None, timeout: float = 10) -> Change:
+    """Do ``act(box)`` (real input events) and wait for the widget's views to show new content.
 
-    The latency is measured in the browser, from the last input event (click, keydown,
-    change) to the mutation that put new content in the view. Fails when the view does
-    not change within ``timeout`` seconds or when an error output appears meanwhile.
+    ``expect``: indices of the views that must change (default: all of them). The latency is
+    measured in the browser, from the first input event to the mutation that put new
+    content in the last expected view. Fails when a view does not change within ``timeout``
+    seconds, or when an error output or a log-console entry appears meanwhile.
     """
-    view = box.locator(":scope > :last-child")
-    state = view.evaluate(
-        """v => {
-          const amp = window.__amp;
-          amp.changedAt = null;
-          amp.errorsBefore = amp.errors().length;
-          amp.logBefore = amp.logCount();
-          const before = amp.content(v);
-          amp.before = before;
-          const obs = new MutationObserver(() => {
-            if (amp.content(v) !== before) { amp.changedAt = performance.now(); obs.disconnect(); }
-          });
-          obs.observe(v, {subtree: true, childList: true, characterData: true, attributes: true});
-          return {before, kind: v.tagName === 'IMG' ? 'image' : 'html'};
-        }"""
-    )
+    state = box.evaluate("(b, expect) => window.__amp.arm(b, expect)", expect)
     act(box)
     try:
-        page.wait_for_function(
-            "() => window.__amp.changedAt !== null || window.__amp.errors().length > window.__amp.errorsBefore"
-            " || window.__amp.logCount() > window.__amp.logBefore",
-            timeout=timeout * 1000,
-            polling=50,
-        )
-    except Exception as exc:  # playwright's TimeoutError
-        if "Timeout" not in type(exc).__name__:
+        page.wait_for_function("() => window.__amp.done()", timeout=timeout * 1000, polling=50)
+    except Exception as exc:
+        if not _is_timeout(exc):
             raise
+        st = page.evaluate(
+            "() => ({changedAt: window.__amp.armed.changedAt, firstInput: window.__amp.armed.firstInput})"
+        )
+        still = [
+            i
+            for i, t in enumerate(st["changedAt"])
+            if t is None and (expect is None or i in expect)
+        ]
         raise LabError(
-            f"the view did not change within {timeout:.0f} s after the control changed; "
-            f"it still shows: {state['before'][:300]!r}"
+            f"view(s) {still} did not change within {timeout:.0f} s after the control changed "
+            f"(input seen: {st['firstInput'] is not None}); they still show: "
+            f"{[state['before'][i][:200] for i in still]}"
         ) from None
-    result = page.evaluate(
-        "() => ({changedAt: window.__amp.changedAt, lastInput: window.__amp.lastInput,"
-        " errors: window.__amp.errors().slice(window.__amp.errorsBefore),"
-        " log: window.__amp.logCount() - window.__amp.logBefore})"
+    st = page.evaluate(
+        "() => { const a = window.__amp, st = a.armed; return {changedAt: st.changedAt, firstInput: st.firstInput,"
+        " expect: st.expect, errors: a.errors().slice(st.errorsBefore), log: a.logCount() - st.logBefore}; }"
     )
-    if result["errors"]:
-        raise LabError("an error output appeared after the control changed:\n" + "\n".join(result["errors"])[-2000:])
-    if result["log"]:
+    if st["errors"]:
+        raise LabError(
+            "an error output appeared after the control changed:\n"
+            + "\n".join(st["errors"])[-2000:]
+        )
+    if st["log"]:
         raise LabError(
             "the widget's callback wrote to JupyterLab's log console after the control changed "
             f"(a learner does not see it there):\n{log_console_text(page)[-2000:]}"
         )
-    after = view.evaluate("v => window.__amp.content(v)")
-    change = Change(state["kind"], state["before"], after, (result["changedAt"] - result["lastInput"]) / 1000)
-    if change.kind == "image":
-        change.after_digest = view.evaluate(
-            """async v => {
-              await v.decode();
-              if (!v.naturalWidth) return '';
-              const buf = await (await fetch(v.src)).arrayBuffer();
-              const d = await crypto.subtle.digest('SHA-256', buf);
-              return Array.from(new Uint8Array(d)).map(b => b.toString(16).padStart(2, '0')).join('');
-            }"""
-        )
-    return change
+    latency = (max(st["changedAt"][i] for i in st["expect"]) - st["firstInput"]) / 1000
+    page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
+    page.wait_for_timeout(100)
+    after = page.evaluate("() => window.__amp.armed.views.map(window.__amp.content)")
+    digests = page.evaluate(
+        "() => Promise.all(window.__amp.armed.views.map(v => v.tagName === 'IMG' ? window.__amp.digest(v) : ''))"
+    )
+    return Change(state["kinds"], state["before"], after, latency, digests)
 
 
 def log_console_text(page) -> str:
@@ -376,19 +445,6 @@ def log_console_text(page) -> str:
         return panel.inner_text()
     except Exception as exc:  # noqa: BLE001 - the failure is reported either way
         return f"(the log console could not be read: {exc})"
-
-
-def image_digest(page, box) -> str:
-    """SHA-256 of the PNG an Image view shows now ('' if it shows none)."""
-    return box.locator(":scope > :last-child").evaluate(
-        """async v => {
-          if (!v.getAttribute('src')) return '';
-          await v.decode();
-          const buf = await (await fetch(v.src)).arrayBuffer();
-          const d = await crypto.subtle.digest('SHA-256', buf);
-          return Array.from(new Uint8Array(d)).map(b => b.toString(16).padStart(2, '0')).join('');
-        }"""
-    )
 
 
 # --- ways to change a control --------------------------------------------------------
@@ -407,8 +463,8 @@ def toggle(label: str, option: str):
     return act
 
 
-def slider_keys(label: str, key: str = "ArrowRight", times: int = 1):
-    """Focus the slider labelled ``label`` and press ``key`` (each press moves one step)."""
+def slider_key(label: str, key: str = "ArrowRight"):
+    """Focus the slider labelled ``label`` and press ``key`` once (one step; PageUp: a page)."""
 
     def act(box):
         control = box.locator(".widget-slider").filter(
@@ -416,10 +472,22 @@ def slider_keys(label: str, key: str = "ArrowRight", times: int = 1):
         )
         handle = control.locator(".noUi-handle, .ui-slider-handle").first
         handle.focus()
-        for _ in range(times):
-            handle.press(key)
+        handle.press(key)
 
-    act.__doc__ = f"{label}: {key} x{times}"
+    act.__doc__ = f"{label}: {key}"
+    return act
+
+
+def type_text(label: str, text: str):
+    """Replace the text of the Text box labelled ``label`` with ``text`` (one input event)."""
+
+    def act(box):
+        control = box.locator(".widget-text").filter(
+            has=box.page.locator("label.widget-label").get_by_text(label, exact=True)
+        )
+        control.locator("input").fill(text)
+
+    act.__doc__ = f"{label} <- {text!r}"
     return act
 
 

@@ -316,7 +316,7 @@ def test_loss_scale_checker():
     assert "positive finite" in str(check_loss_scale(-4.0, g))
 
 
-# -- plots and widgets (thin: they show what the functions above computed) -----------------
+# -- plots (they show what the functions above computed; the widgets: test_widgets.py) -----
 
 
 def test_format_ranges_figure():
@@ -350,46 +350,6 @@ def test_gradient_histogram_title_states_the_census():
         gradient_histogram(g, 0)
 
 
-def test_parse_number():
-    from amp_lessons.widgets import parse_number
-
-    assert parse_number("2^-24") == parse_number("2**-24") == parse_number(" 2 ^ (-24) ") == 2.0**-24
-    assert parse_number("-2^3") == -8.0
-    assert parse_number("1e-4") == 1e-4 and parse_number("inf") == math.inf
-    with pytest.raises(ValueError, match="type a number"):
-        parse_number("one")
-
-
-def test_format_explorer_renders_bits_of():
-    from amp_lessons.widgets import format_explorer, value_in_format
-
-    assert value_in_format("1e-8", "fp16") == str(bits_of(1e-8, "fp16"))
-    assert value_in_format("abc", "fp16").startswith("type a number")
-    box = format_explorer("0.1", "half")
-    assert "0.0999755859375" in box.view.value
-    box.children[0].value = "bf16"
-    assert "0.10009765625" in box.view.value
-    box.children[1].value = "2^-24"
-    assert "5.960464477539063e-08" in box.view.value
-
-
-def test_loss_scale_explorer_shows_the_scale_table():
-    import html
-
-    from amp_lessons.widgets import loss_scale_explorer
-
-    g = wide_values(3000, lo=-36, hi=-3)
-    box = loss_scale_explorer(g)
-    assert html.escape(scale_table(g, 1.0)) in box.table.view.value
-    first_png = bytes(box.histogram.view.value)
-    assert first_png.startswith(b"\x89PNG")
-    box.slider.value = 2.0**16
-    assert html.escape(scale_table(g, 2.0**16)) in box.table.view.value
-    assert bytes(box.histogram.view.value) != first_png
-    assert len(box.slider.options) == 25
-    assert loss_scale_explorer(g, exponent=3, histogram=False).histogram is None
-
-
 def test_rounding_error():
     from amp_lessons.formats import rounding_error
 
@@ -399,3 +359,14 @@ def test_rounding_error():
     g = wide_values(5000, lo=-120, hi=120)
     assert rounding_error(g, "bf16").max().item() <= 2.0**-8  # half of bf16's eps
     assert rounding_error(g, "tf32").max().item() <= 2.0**-11
+
+
+def test_plots_leave_no_figure_open_in_pyplot():
+    import matplotlib.pyplot as plt
+
+    from amp_lessons.plots import format_ranges, gradient_histogram
+
+    before = set(plt.get_fignums())
+    format_ranges()
+    gradient_histogram(wide_values(500, lo=-30, hi=-3), 2.0**8)
+    assert set(plt.get_fignums()) == before

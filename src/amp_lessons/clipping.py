@@ -48,13 +48,14 @@ def lesson_model(hidden: int = 64, seed: int = 0):
 class ClipResult:
     """What one clip did. Norms are global L2 norms over all gradients.
 
-    ``true_norm``: the unscaled norm before clipping. ``seen``: what the clip compared with
+    ``true_norm``/``true_max``: the unscaled norm and largest |g| before clipping. ``seen``: what the clip compared with
     its threshold (the norm for ``clip_grad_norm_``, the largest |g| for ``clip_grad_value_``),
     scaled or not depending on the order. ``applied_norm``/``applied_max``: the unscaled
     gradient the optimizer would apply. ``scale``: the loss scale (1.0 without a scaler).
     """
 
     true_norm: float
+    true_max: float
     seen: float
     applied_norm: float
     applied_max: float
@@ -99,14 +100,14 @@ def clip_and_unscale(params, optimizer, scaler, *, max_norm=None, clip_value=Non
     _check_order(order)
     params = [p for p in params if p.grad is not None]
     scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
-    true_norm = grad_norm(params) / scale
+    true_norm, true_max = grad_norm(params) / scale, grad_max(params) / scale
     if order == "before_unscale":
         seen = _clip(params, max_norm, clip_value)
         scaler.unscale_(optimizer)
     else:
         scaler.unscale_(optimizer)
         seen = _clip(params, max_norm, clip_value)
-    return ClipResult(true_norm, seen, grad_norm(params), grad_max(params), scale)
+    return ClipResult(true_norm, true_max, seen, grad_norm(params), grad_max(params), scale)
 
 
 def one_clipped_step(model, x, y, precision="fp16", *, max_norm=None, clip_value=None,

@@ -208,6 +208,18 @@ def _weight_change(model, before) -> torch.Tensor:
     return torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
 
 
+_REFERENCE_CHANGES: dict = {}
+
+
+def _reference_change(steps, accum_steps, lr, batch_size) -> torch.Tensor:
+    """The weight change of :func:`fixed_clipping_loop` (deterministic: computed once)."""
+    key = (steps, accum_steps, lr, batch_size)
+    if key not in _REFERENCE_CHANGES:
+        ref, before, _, _, _ = _run_clipping_loop(fixed_clipping_loop, *key)
+        _REFERENCE_CHANGES[key] = _weight_change(ref, before)
+    return _REFERENCE_CHANGES[key]
+
+
 def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accum_steps=4) -> Verdict:
     """04: run the learner's version of :func:`broken_clipping_loop` and say, bug by bug,
     what is fixed and what is not.
@@ -301,9 +313,8 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
 
     # 5. the result, against the reference loop
     if error is None:
-        ref, ref_before, _, _, _ = _run_clipping_loop(fixed_clipping_loop, steps, accum_steps, lr,
-                                                      batch_size)
-        mine, theirs = _weight_change(model, before), _weight_change(ref, ref_before)
+        mine = _weight_change(model, before)
+        theirs = _reference_change(steps, accum_steps, lr, batch_size)
         off = float(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs))
         if off < 1e-3:
             findings.append("fixed: the weights end where the reference loop's do")
@@ -313,4 +324,93 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
                 "zero_grad runs only after the step")
     extra = sorted({w for w in caught if "GradScaler" not in w})
     findings += [f"warning from your loop: {w}" for w in extra]
+    return Verdict(passed, findings)
+
+# --- 05_putting_it_together ----------------------------------------------------------
+
+
+def broken_setup(device_type: str = "cpu"):
+    """05's exercise: the pieces of a float16 mixed-precision run. Two lines are wrong."""
+    from .models import mlp
+
+    model = mlp(64, 64, 10).to(device_type).half()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device_type, enabled=False)
+    dtype = torch.float16
+    return model, optimizer, scaler, dtype
+
+
+def check_setup(setup, device=None, steps: int = 5) -> Verdict:
+    """Check ``setup(device_type) -> (model, optimizer, scaler, dtype)`` for mixed precision.
+
+    Inspects the weights' dtype, the GradScaler (on, and for the right device, when the
+    dtype is float16) and Adam's eps in the weights' dtype; then trains ``steps`` steps
+    on the digits with the card's recipe and looks for inf/NaN weights. Used in 05.
+    """
+    from .data import digits
+    from .hardware import pick_device
+    from .master import eps_in
+
+    dev = pick_device(device)
+    findings: list[str] = []
+    passed = True
+
+    def bug(text):
+        nonlocal passed
+        passed = False
+        findings.append(text)
+
+    try:
+        model, optimizer, scaler, dtype = setup(dev.type)
+    except Exception as err:
+        return Verdict(False, [f"setup({dev.type!r}) raised {type(err).__name__}: {err}"])
+    if dtype not in (torch.float16, torch.bfloat16):
+        bug(f"dtype is {dtype}: autocast computes in torch.float16 or torch.bfloat16")
+    params = list(model.parameters())
+    low = [p for p in params if p.dtype != torch.float32]
+    if low:
+        bug(f"{len(low)} of {len(params)} parameter tensors are {low[0].dtype}: keep the weights "
+            "float32 (no model.half()); autocast casts them for the matmuls")
+    else:
+        findings.append("right: the weights are float32 (master weights)")
+    scaler_device = getattr(scaler, "_device", dev.type)
+    if dtype == torch.float16 and not scaler.is_enabled():
+        bug("float16 without a GradScaler: small gradients flush to zero. Use "
+            "torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))")
+    elif dtype == torch.float16:
+        findings.append("right: float16 with a GradScaler")
+    elif scaler.is_enabled():
+        findings.append("note: bfloat16 needs no GradScaler (harmless, but it does nothing useful)")
+    if scaler.is_enabled() and scaler_device != dev.type:
+        bug(f"the GradScaler is for {scaler_device!r} but the model runs on {dev.type!r}: "
+            "pass the device, torch.amp.GradScaler(device_type)")
+    for group in optimizer.param_groups:
+        eps = group.get("eps")
+        if eps is not None and group["params"]:
+            stored = eps_in(group["params"][0].dtype, eps)
+            if eps > 0 and stored == 0:
+                bug(f"Adam's eps={eps:g} is {stored} in {group['params'][0].dtype}: m / (sqrt(v) + eps) "
+                    "divides by zero where gradients are small")
+                break
+    data = digits()
+    losses = []
+    try:
+        for i in range(steps):
+            x, y = (t.to(dev) for t in data.batch(i, 64))
+            with torch.autocast(dev.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    except Exception as err:
+        bug(f"training raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        return Verdict(passed, findings)
+    bad = sum(int((~torch.isfinite(p)).sum()) for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    if bad:
+        bug(f"after {steps} steps {bad:,} of {total:,} weights are inf/NaN")
+    else:
+        findings.append(f"after {steps} steps every weight is finite; loss {losses[0]:.2f} -> {losses[-1]:.2f}")
     return Verdict(passed, findings)

@@ -34,7 +34,7 @@ def eps_in(dtype, eps: float = 1e-8) -> float:
     return torch.tensor(eps, dtype=dtype).item()
 
 
-def _spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The gap between ``w`` (rounded to ``dtype``) and the next value of ``dtype``, in float64.
 
     For |w| in [2**(e-1), 2**e) the gap is 2**(e-1) * eps; below the smallest normal it is
@@ -124,7 +124,7 @@ def lost_updates(model: nn.Module, grads: list[torch.Tensor], lr: float, optimiz
             moved = u != 0
             meant += int(moved.sum())
             unchanged += int((moved & (n == s)).sum())
-            predicted += int((moved & (u.abs() < _spacing(s, dtype) / 2)).sum())
+            predicted += int((moved & (u.abs() < spacing(s, dtype) / 2)).sum())
             nonfinite += int((~torch.isfinite(n)).sum())
         out[label] = LostUpdates(label, str(dtype).removeprefix("torch."), meant, unchanged,
                                  predicted, nonfinite)

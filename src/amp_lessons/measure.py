@@ -74,10 +74,13 @@ class SavedMemory:
 
 
 def _storage_key(t: torch.Tensor):
-    storage = t.untyped_storage()
-    ptr = storage.data_ptr()
-    # meta tensors (size estimates) have no data: every tensor is its own storage
-    return (t.device.type, ptr) if ptr else ("id", id(storage), id(t))
+    ptr = t.untyped_storage().data_ptr()
+    if ptr:
+        return (t.device.type, ptr)
+    # meta tensors (size estimates) have no data: a view is keyed by the tensor it views
+    # (the meter keeps every saved tensor alive, so ids are not reused meanwhile)
+    base = t._base if t._base is not None else t
+    return ("id", id(base))
 
 
 def _is_cast_of_parameter(t: torch.Tensor, params: set[int]) -> bool:

@@ -32,7 +32,7 @@ def format_ranges(names=None, values=None):
         ax.barh(y, mid - lo, left=lo, height=0.6, color=_BAND["subnormal"])
         ax.barh(y, hi - mid, left=mid, height=0.6, color=_BAND["normal"])
         ax.text(lo - 2, y, f"2^{lo:.0f}", ha="right", va="center", fontsize=7)
-        ax.text(hi + 2, y, f"{f.max:.6g}", ha="left", va="center", fontsize=7)
+        ax.text(hi + 2, y, f"{f.max:.6g}" if f.max < 1e6 else f"{f.max:.3g}", ha="left", va="center", fontsize=7)
     if values is not None:
         mags = values.detach().abs().flatten().double()
         mags = mags[mags > 0]
@@ -172,14 +172,16 @@ def clipping_runs(runs: dict, max_norm: float):
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     colors = ["#4c78a8", "#54a24b", "#e45756", "#b279a2", "#f58518"]
-    for (label, h), color in zip(runs.items(), colors):
+    for i, ((label, h), color) in enumerate(zip(runs.items(), colors)):
         steps = h["step"]
-        axes[0].plot(steps, h["clip_seen_norm"], color=color, lw=1.2, label=label)
-        axes[1].plot(steps, h["applied_norm"], color=color, lw=1.2, label=label)
+        # the reference wide and pale underneath, so a run that tracks it stays visible on top
+        style = dict(color=color, lw=4, alpha=0.4) if i == 0 else dict(color=color, lw=1.2)
+        axes[0].plot(steps, h["clip_seen_norm"], label=label, **style)
+        axes[1].plot(steps, h["applied_norm"], label=label, **style)
         threshold = statistics.median(measured_thresholds(h, max_norm))
         axes[1].axhline(threshold, color=color, ls="--", lw=1,
                         label=f"its threshold {threshold:.3g}")
-        axes[2].plot(steps, h["loss"], color=color, lw=1.2, label=label)
+        axes[2].plot(steps, h["loss"], label=label, **style)
     axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
     axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip compared",
                 title="what clip_grad_norm_ saw")
@@ -203,3 +205,93 @@ def clipping_runs(runs: dict, max_norm: float):
 
 
 # --- 05_putting_it_together ----------------------------------------------------------
+
+_PRECISION_COLORS = {"fp32": "#4c78a8", "tf32": "#72b7b2", "bf16": "#54a24b", "fp16": "#e45756"}
+
+
+def side_by_side(result):
+    """05: one model trained in each precision: loss curves, ms per step, activation memory.
+
+    ``result`` is a :class:`amp_lessons.bench.SideBySide`. The title reads the measured
+    ratios of the 16-bit run with the smallest activation memory against fp32.
+    """
+    runs = result.runs
+    names = list(runs)
+    colors = [_PRECISION_COLORS.get(p, "grey") for p in names]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [2, 1, 1]})
+    for p, color in zip(names, colors):
+        losses = runs[p].losses
+        axes[0].plot(range(len(losses)), losses, color=color, lw=1.2, label=p)
+    axes[0].set(xlabel="optimizer step", ylabel="training loss (cross-entropy, nats)",
+                title="the same run in each precision")
+    axes[0].legend(frameon=False)
+    axes[1].bar(names, [runs[p].ms for p in names], color=colors)
+    axes[1].set(ylabel="median ms per optimizer step", title="step time")
+    act = [runs[p].activation_mb for p in names]
+    copies = [runs[p].weight_copy_mb for p in names]
+    axes[2].bar(names, act, color=colors, label="activations")
+    axes[2].bar(names, copies, bottom=act, color="none", edgecolor="black", hatch="//",
+                label="16-bit weight copies")
+    axes[2].set(ylabel="MB saved for backward (one batch)", title="memory saved for backward")
+    axes[2].legend(frameon=False, fontsize=8)
+    low = [p for p in names if p in ("bf16", "fp16")]
+    if low:
+        best = min(low, key=lambda p: runs[p].activation_mb)
+        fig.suptitle(f"{best} on {result.device}: activations {result.memory_ratio(best):.2f}x fp32's, "
+                     f"speed {result.speedup(best):.2f}x fp32's, test accuracy {runs[best].accuracy:.2f} "
+                     f"vs {runs['fp32'].accuracy:.2f}", fontsize=11)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
+
+def matmul_rates(result):
+    """05: achieved GFLOP/s of an n x n matmul per precision, from :func:`amp_lessons.bench.run_bench`.
+
+    The title compares the 16-bit precisions with fp32 at the largest n: the rate that
+    decides whether mixed precision can be faster on this device.
+    """
+    import numpy as np
+
+    rows = [m for m in result.matmul if m.gflops]
+    sizes = sorted({m.n for m in rows})
+    names = list(dict.fromkeys(m.precision for m in rows))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(names))
+    for i, p in enumerate(names):
+        values = [next((m.gflops for m in rows if m.n == n and m.precision == p), 0.0) for n in sizes]
+        ax.bar(np.arange(len(sizes)) + i * width, values, width, label=p,
+               color=_PRECISION_COLORS.get(p, "grey"))
+    ax.set_xticks(np.arange(len(sizes)) + width * (len(names) - 1) / 2, [f"n = {n}" for n in sizes])
+    ax.set(ylabel="achieved GFLOP/s", xlabel="matrix size (n x n @ n x n)")
+    ax.legend(frameon=False)
+    top = {m.precision: m.gflops for m in rows if m.n == sizes[-1]} if sizes else {}
+    parts = [f"{p} {top[p] / top['fp32']:.2f}x" for p in names if p != "fp32" and "fp32" in top]
+    ax.set_title(f"{result.device}: matmul rate vs fp32 at n = {sizes[-1] if sizes else '-'}: "
+                 + (", ".join(parts) or "fp32 only"), fontsize=10)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
+
+def lost_updates(lrs, fractions: dict, optimizer: str = "sgd"):
+    """05: the fraction of an optimizer step's updates that did not happen, against the lr.
+
+    ``fractions`` maps a label (``"fp32 master"``, ``"model.half()"``) to one fraction per
+    learning rate, from :func:`amp_lessons.master.lost_fraction_by_lr`.
+    """
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    colors = {"fp32 master": _PRECISION_COLORS["fp32"], "model.half()": _PRECISION_COLORS["fp16"]}
+    for label, values in fractions.items():
+        ax.plot(lrs, [100 * v for v in values], "o-", color=colors.get(label, "grey"), label=label)
+    ax.set(xscale="log", xlabel=f"learning rate ({optimizer})",
+           ylabel="% of weights the step left unchanged", ylim=(-3, 103))
+    ax.legend(frameon=False)
+    i = len(lrs) // 2
+    half, master = fractions.get("model.half()"), fractions.get("fp32 master")
+    if half and master:
+        ax.set_title(f"one {optimizer} step at lr={lrs[i]:g}: model.half() loses {half[i]:.0%} of the "
+                     f"updates, fp32 master weights {master[i]:.1%}", fontsize=10)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig

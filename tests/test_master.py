@@ -1,0 +1,123 @@
+"""model.half() against fp32 master weights: lost updates and Adam's eps, against references."""
+
+import copy
+
+import pytest
+import torch
+
+from amp_lessons.data import digits
+from amp_lessons.master import eps_in, gradients, lost_fraction_by_lr, lost_updates, spacing
+from amp_lessons.models import mlp
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return mlp(64, 64, 10, depth=2)
+
+
+def test_adam_eps_is_zero_in_fp16_only():
+    assert eps_in(torch.float16) == 0.0
+    assert eps_in("fp16") == 0.0
+    assert eps_in(torch.bfloat16) == pytest.approx(1e-8, rel=1e-2)  # bf16 has fp32's range
+    assert eps_in(torch.float32) == pytest.approx(1e-8, rel=1e-6)
+    # the reason: 1e-8 is below half of fp16's smallest subnormal, 2**-24
+    assert 1e-8 < torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2
+
+
+def test_spacing_matches_nextafter():
+    w = torch.tensor([0.05, -0.3, 1.0, 3e-6, 1000.0])
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        wd = w.to(dtype)
+        gap = (torch.nextafter(wd, torch.full_like(wd, float("inf"))) - wd).double().abs()
+        assert torch.equal(spacing(w, dtype), gap), dtype
+
+
+def test_a_tiny_update_survives_in_fp32_master_weights_but_not_in_half(model):
+    grads = [torch.full_like(p, 1e-3) for p in model.parameters()]  # every update is 1e-5
+    result = lost_updates(model, grads, lr=1e-2, optimizer="sgd")
+    master, half = result["fp32 master"], result["model.half()"]
+    n = sum(p.numel() for p in model.parameters())
+    assert master.meant == half.meant == n
+    assert master.unchanged == 0 and master.predicted == 0
+    assert half.unchanged > 0
+    # the half-ulp rule predicts which: weights with |w| above ~2**-5 (spacing 2**-15 > 2e-5)
+    assert abs(half.unchanged - half.predicted) <= 0.002 * n
+    big = sum(int((p.detach().abs() >= 2**-5).sum()) for p in model.parameters())
+    assert half.unchanged >= big * 0.99
+
+
+def test_real_gradients_sgd_half_loses_most_updates(model):
+    x, y = digits().batch(0, 64)
+    grads = gradients(model, x, y, "bf16")
+    assert [g.dtype for g in grads] == [torch.float32] * len(grads)
+    result = lost_updates(model, grads, lr=1e-3, optimizer="sgd")
+    assert result["model.half()"].fraction > 0.5
+    assert result["fp32 master"].fraction < 0.05
+    assert result["fp32 master"].nonfinite == result["model.half()"].nonfinite == 0
+
+
+def test_adam_on_half_weights_makes_them_nonfinite(model):
+    x, y = digits().batch(0, 64)
+    grads = gradients(model, x, y)
+    result = lost_updates(model, grads, lr=1e-3, optimizer="adam")
+    assert result["fp32 master"].nonfinite == 0 and result["fp32 master"].unchanged == 0
+    assert result["model.half()"].nonfinite > 0
+    # with an eps fp16 can hold, the division by zero is gone
+    assert lost_updates(model, grads, lr=1e-3, optimizer="adam", eps=1e-4)["model.half()"].nonfinite == 0
+
+
+def test_nothing_changes_the_model(model):
+    before = copy.deepcopy(model.state_dict())
+    x, y = digits().batch(0, 32)
+    grads = gradients(model, x, y, "fp16")
+    lost_updates(model, grads, lr=1e-2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_smaller_learning_rates_lose_more_in_half(model):
+    x, y = digits().batch(0, 64)
+    grads = gradients(model, x, y)
+    fractions = lost_fraction_by_lr(model, grads, [1e-1, 1e-2, 1e-3])
+    half = fractions["model.half()"]
+    assert half[0] < half[1] < half[2]
+    assert all(m < h for m, h in zip(fractions["fp32 master"], half))
+
+
+def test_bad_optimizer_and_gradient_count_say_what_to_do(model):
+    grads = [torch.zeros_like(p) for p in model.parameters()]
+    with pytest.raises(ValueError, match="optimizer must be one of sgd, adam, adamw"):
+        lost_updates(model, grads, lr=1e-2, optimizer="lion")
+    with pytest.raises(ValueError, match="gradients for"):
+        lost_updates(model, grads[:-1], lr=1e-2)
+
+
+def test_the_exercise_checker_finds_the_bugs_and_passes_the_fix():
+    from amp_lessons.exercises import broken_setup, check_setup
+
+    broken = check_setup(broken_setup, "cpu", steps=3)
+    text = str(broken)
+    assert not broken.passed
+    assert "keep the weights float32" in text and "without a GradScaler" in text and "eps=1e-08" in text
+    assert "inf/NaN" in text
+
+    def fixed(device_type):
+        model = mlp(64, 64, 10).to(device_type)
+        dtype = torch.float16
+        scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3), scaler, dtype
+
+    verdict = check_setup(fixed, "cpu", steps=3)
+    assert verdict.passed, str(verdict)
+    assert "every weight is finite" in str(verdict)
+
+
+def test_the_exercise_checker_reports_a_setup_that_raises():
+    from amp_lessons.exercises import check_setup
+
+    def broken(device_type):
+        raise RuntimeError("typo")
+
+    verdict = check_setup(broken, "cpu")
+    assert not verdict.passed and "RuntimeError: typo" in str(verdict)

@@ -1,0 +1,119 @@
+"""Activation memory (saved tensors) and step timing: against hand-computed sizes."""
+
+import pytest
+import torch
+from torch import nn
+
+from amp_lessons.measure import (
+    SavedTensorsMeter,
+    Timing,
+    available_memory,
+    cuda_peak_memory,
+    saved_memory,
+    time_interleaved,
+    time_step,
+)
+from amp_lessons.models import TinyTransformer, mlp
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_linear_saves_its_input_in_the_compute_dtype(precision):
+    lin = nn.Linear(64, 32)
+    x = torch.randn(16, 64)
+    mem = saved_memory(lin, x, precision=precision)
+    assert mem.activation_bytes == 16 * 64 * BYTES[precision]
+    assert mem.weight_copy_bytes == 0  # x needs no grad: the weight is not needed for backward
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_weight_copies_are_counted_apart_from_activations(precision):
+    lin = nn.Linear(64, 32)
+    x = torch.randn(16, 64, requires_grad=True)
+    mem = saved_memory(lin, x, precision=precision)
+    assert mem.activation_bytes == 16 * 64 * BYTES[precision]
+    if precision == "fp32":  # the parameter itself is saved: no extra memory
+        assert (mem.weight_copy_bytes, mem.parameter_bytes) == (0, 32 * 64 * 4)
+    else:  # autocast's 16-bit copy of the weight
+        assert (mem.weight_copy_bytes, mem.parameter_bytes) == (32 * 64 * 2, 0)
+
+
+def test_a_frozen_weight_copy_is_recognised_by_its_values():
+    lin = nn.Linear(64, 32)
+    lin.weight.requires_grad_(False)  # no autograd history: found by comparing values
+    x = torch.randn(16, 64, requires_grad=True)
+    mem = saved_memory(lin, x, precision="bf16")
+    assert mem.weight_copy_bytes == 32 * 64 * 2
+    assert mem.activation_bytes == 0  # only x needs a gradient: the input is not saved
+
+
+def test_views_of_one_tensor_are_counted_once():
+    x = torch.randn(8, 8, requires_grad=True)
+    with SavedTensorsMeter() as meter:
+        y = x * 2
+        z = y[:4] * y[4:]  # mul saves two views of y's storage
+    assert z.shape == (4, 8)
+    assert meter.result.n_saved == 2
+    assert meter.result.activation_bytes == 8 * 8 * 4
+
+
+@pytest.mark.parametrize("low", ["bf16", "fp16"])
+def test_mlp_activations_halve_in_16_bit(low):
+    model = mlp(256, 512, 10, depth=3)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    fp32 = saved_memory(model, x, y, "fp32")
+    half = saved_memory(model, x, y, low)
+    assert half.activation_bytes / fp32.activation_bytes == pytest.approx(0.5, rel=0.02)
+    # 3 hidden layers + head whose inputs need grads: 2 x 512x512 + 512x10 weights, in 16 bits
+    assert half.weight_copy_bytes == 2 * (2 * 512 * 512 + 512 * 10)
+    assert set(half.by_dtype) == {str(torch.bfloat16 if low == "bf16" else torch.float16)[6:],
+                                  "float32", "int64"}  # the loss stays float32; labels int64
+
+
+def test_transformer_activations_roughly_halve_in_bf16():
+    model = TinyTransformer(64, dim=128, heads=4, depth=2)
+    x, y = torch.randn(8, 32, 64), torch.randint(0, 10, (8,))
+    ratio = saved_memory(model, x, y, "bf16").activation_bytes / saved_memory(model, x, y, "fp32").activation_bytes
+    assert 0.45 <= ratio <= 0.55
+
+
+def test_saved_memory_leaves_no_graph_and_no_hooks_behind():
+    model = mlp(16, 16, 4)
+    x = torch.randn(4, 16)
+    saved_memory(model, x, precision="bf16")
+    out = model(x)  # outside the meter: nothing is counted, nothing breaks
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_time_step_calls_warmup_then_repeats():
+    calls = []
+    timing = time_step(lambda: calls.append(1), "cpu", warmup=3, repeats=5)
+    assert len(calls) == 8
+    assert len(timing.times_ms) == 5 and all(t >= 0 for t in timing.times_ms)
+    assert timing.min_ms <= timing.median_ms
+
+
+def test_time_interleaved_alternates_the_steps():
+    order = []
+    timings = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                               warmup=1, repeats=3)
+    assert order == ["a", "b"] + ["a", "b"] * 3
+    assert {k: len(t.times_ms) for k, t in timings.items()} == {"a": 3, "b": 3}
+
+
+def test_timing_median_and_spread():
+    t = Timing((1.0, 3.0, 2.0))
+    assert (t.median_ms, t.min_ms, t.spread) == (2.0, 1.0, 1.0)
+
+
+def test_bad_repeats_say_what_to_do():
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        time_step(lambda: None, repeats=0)
+
+
+def test_cuda_peak_is_none_off_cuda_and_cpu_memory_is_known():
+    assert cuda_peak_memory(lambda: None, "cpu") is None
+    free = available_memory("cpu")
+    assert free is None or free > 0
