@@ -68,7 +68,8 @@ print(formats_table())
 # The figures come from `torch.finfo` for every format torch has a dtype for. TF32 is not
 # a dtype: it is float32 with the mantissa rounded to 10 bits inside NVIDIA tensor cores
 # (lesson 05), so its figures follow from its layout. The two fp8 formats are a preview:
-# `e4m3fn` has no infinity, which buys it one more binade of range.
+# `e4m3fn` ("finite") has no infinity; its all-ones exponent holds numbers instead, one
+# more power of two of range.
 #
 # The same ranges on a number line, in powers of two:
 
@@ -132,7 +133,8 @@ for f in (1.0, 0.75, 0.5, 0.49):
 print(bits_of(1e-6, "fp16"))
 
 # %% [markdown]
-# The top end fails the other way: the largest float16 is 65504, and a bit more is `inf`.
+# The top end fails the other way: the largest float16 is 65504. Values a little above it
+# still round down to it; from the halfway point to the next power of two on, they are `inf`.
 
 # %%
 for v in (65504.0, 65519.0, 65520.0):
@@ -193,9 +195,10 @@ print(f"fp16 flushes {fp16.flushed} values; bf16 flushes {bf16.flushed}")
 print("fp16 flushes some:", fp16.flushed > 0, "| bf16 flushes none:", bf16.flushed == 0)
 
 # %% [markdown]
-# Which gradients are the small ones? The activation gradients: the gradient of the loss
-# with respect to the logits is `softmax - onehot`, and for a class the model is sure
-# about, softmax is tiny.
+# Which gradients are the small ones? Compare the two kinds. The activation gradients start
+# at the logits, where the gradient of the loss is `(softmax - onehot) / batch size`: for
+# a class the model is sure is wrong, its softmax probability is tiny, and so is that
+# gradient.
 
 # %%
 for label, part in (("weights", recorder.weight_grads), ("activations", recorder.activation_grads)):
@@ -227,6 +230,10 @@ span = (nonzero.max().log2() - nonzero.min().log2()).item()
 f16 = format_info("fp16")
 print(f"your gradients span {span:.1f} powers of two; "
       f"float16 spans {torch.tensor(f16.max / f16.smallest_subnormal).log2().item():.1f}")
+
+# %% [markdown]
+# When the gradients span fewer powers of two than float16 does, they can all fit: they
+# only need to be moved up.
 #
 # ## Loss scaling moves the histogram
 #
@@ -299,16 +306,16 @@ for name in ("fp16", "bf16"):
 
 # %% [markdown]
 # float16 stores the typical gradient more precisely, but loses the small ones outright;
-# bfloat16 is coarser everywhere and loses nothing. That is why autocast in bfloat16
+# bfloat16 stores the typical one more coarsely, and loses none. That is why autocast in bfloat16
 # runs without a `GradScaler`, and why float16 needs one.
 #
 # ## Remember
 #
 # - bfloat16 has float32's exponent range: your gradients did not flush to zero in it,
 #   so it needs no loss scaling. It pays with a coarse mantissa (`1 + 2^-8` is 1).
-# - float16 has more mantissa but a narrow range: below `2^-24` values flush to zero, and
-#   below `2^-14` they lose precision as subnormals. Small gradients (above all, the
-#   activation gradients) fall there.
+# - float16 has more mantissa but a narrow range: at half of `2^-24` and below, values
+#   flush to zero; below `2^-14` they lose precision as subnormals. Small gradients (in
+#   your run, above all the activation gradients) fall there.
 # - A loss scale `2^k` slides every gradient `k` powers of two up, exactly, into float16's
 #   range; too large a scale overflows to `inf`.
 #
@@ -316,9 +323,10 @@ for name in ("fp16", "bf16"):
 #
 # - A flushed gradient is silent: no error, no NaN, just a zero (and a weight that stops
 #   learning). Count zeros, as `census` did, before trusting float16.
-# - float16 overflows from 65520 on (the cell on the top of float16): one `inf` in the
+# - float16 overflows from 65520 on (the cells on its top end): one `inf` in the
 #   gradients and `GradScaler` skips the whole step.
-# - fp8 is narrower still: e4m3fn has no `inf` and saturates at 448 in torch's cast.
+# - fp8 is narrower still. e4m3fn has no `inf`: type `1e6` in the widget to see what
+#   torch's cast stores instead.
 #
 # ## Exercise: pick a loss scale
 #

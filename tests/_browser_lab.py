@@ -204,7 +204,7 @@ _PAGE_JS = r"""
   };
   amp.errors = () => Array.from(document.querySelectorAll(
       '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
-    .map((e) => e.innerText);
+    .map((e) => e.textContent);
   // Output of a widget callback (an error, a warning) goes to JupyterLab's log console.
   amp.logCount = () => {
     const item = document.querySelector('.jp-LogConsoleStatusItem [title]');

@@ -370,3 +370,32 @@ def test_plots_leave_no_figure_open_in_pyplot():
     format_ranges()
     gradient_histogram(wide_values(500, lo=-30, hi=-3), 2.0**8)
     assert set(plt.get_fignums()) == before
+
+
+def test_gradient_recorder_keeps_the_gradients_between_layers():
+    """The recorder's activation gradients are dL/d(output) of each Linear, as autograd gives them."""
+    from amp_lessons.data import random_task
+    from amp_lessons.models import mlp
+    from amp_lessons.training import GradientRecorder, Trainer
+
+    data = random_task(n=64, d_in=6, classes=3)
+    model = mlp(6, 5, 3, depth=1)
+    x, y = data.batch(0, 16)
+    outs = []
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        outs.append(output)
+
+    hooks = [m.register_forward_hook(keep) for m in model if isinstance(m, torch.nn.Linear)]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    expected = torch.cat([o.grad.flatten() for o in reversed(outs)])
+    weights = torch.cat([p.grad.flatten() for p in model.parameters()])
+    for h in hooks:
+        h.remove()
+    model.zero_grad()
+    rec = GradientRecorder(steps={0})
+    Trainer(model, data, precision="fp32", device="cpu", optimizer="sgd", lr=0.1, batch_size=16,
+            callbacks=[rec]).fit(steps=2)
+    assert torch.equal(rec.activation_grads, expected)  # backward reaches the last layer first
+    assert torch.equal(rec.weight_grads, weights)

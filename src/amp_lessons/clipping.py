@@ -48,10 +48,11 @@ def lesson_model(hidden: int = 64, seed: int = 0):
 class ClipResult:
     """What one clip did. Norms are global L2 norms over all gradients.
 
-    ``true_norm``/``true_max``: the unscaled norm and largest |g| before clipping. ``seen``: what the clip compared with
-    its threshold (the norm for ``clip_grad_norm_``, the largest |g| for ``clip_grad_value_``),
-    scaled or not depending on the order. ``applied_norm``/``applied_max``: the unscaled
-    gradient the optimizer would apply. ``scale``: the loss scale (1.0 without a scaler).
+    ``true_norm``/``true_max``: the unscaled norm and largest |g| before clipping.
+    ``seen``: what the clip compared with its threshold (the norm for ``clip_grad_norm_``,
+    the largest |g| for ``clip_grad_value_``), scaled or not depending on the order.
+    ``applied_norm``/``applied_max``: the unscaled gradient the optimizer would apply.
+    ``scale``: the loss scale (1.0 without a scaler).
     """
 
     true_norm: float

@@ -246,8 +246,9 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
 
     # 1. the GradScaler and its device
     if not log.scalers:
-        bug("no torch.amp.GradScaler was built in the loop: fp16 needs one, "
-            "torch.amp.GradScaler(device.type)")
+        bug("no torch.amp.GradScaler(...) call was seen in the loop: fp16 needs one, built there "
+            "as torch.amp.GradScaler(device.type) (one imported by name, or torch.cuda.amp's, "
+            "is not seen)")
     else:
         s = log.scalers[0]
         if not s["device_given"]:

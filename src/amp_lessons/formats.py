@@ -347,7 +347,7 @@ def scaled_census(tensor, name, scale) -> Census:
 
 def _census(tensor, name, scale: float) -> Census:
     f = format_info(name)
-    a = _as_float_tensor(tensor, "the tensor to classify").to(torch.float64).abs().flatten() * scale
+    a = _as_float_tensor(tensor, "the tensor to classify").cpu().to(torch.float64).abs().flatten() * scale
     nan = torch.isnan(a)
     over = f.overflows(a)
     normal = (a >= f.normal_from) & ~over

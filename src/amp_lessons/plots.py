@@ -34,7 +34,7 @@ def format_ranges(names=None, values=None):
         ax.text(lo - 2, y, f"2^{lo:.0f}", ha="right", va="center", fontsize=7)
         ax.text(hi + 2, y, f"{f.max:.6g}" if f.max < 1e6 else f"{f.max:.3g}", ha="left", va="center", fontsize=7)
     if values is not None:
-        mags = values.detach().abs().flatten().double()
+        mags = values.detach().cpu().abs().flatten().double()
         mags = mags[mags > 0]
         if mags.numel():
             lo, hi = torch.log2(mags.min()).item(), torch.log2(mags.max()).item()
@@ -70,7 +70,7 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
     from .formats import check_scale, format_info, scaled_census
 
     scale = check_scale(scale)
-    mags = values.detach().abs().flatten().double() * scale
+    mags = values.detach().cpu().abs().flatten().double() * scale
     logs = np.log2(mags[mags > 0].numpy())
     fmts = [format_info(n) for n in names]
     narrow = min(fmts, key=lambda f: f.max)
