@@ -7,9 +7,10 @@ TORCH_SPEC ?= torch>=2.4
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
-# Progress bars off while notebooks are executed for stored outputs or checked by nbval.
-export AMP_LESSONS_PROGRESS := 0
-export MPLBACKEND := module://matplotlib_inline.backend_inline
+# Stored outputs and their checks: no progress bars (their text would be compared), and one
+# torch thread, so the numbers a lesson prints do not depend on the machine's core count.
+notebooks test-notebooks test-unit test-browser test-colab: export AMP_LESSONS_PROGRESS := 0
+notebooks test-notebooks test-browser: export OMP_NUM_THREADS := 1
 
 .PHONY: lab test test-unit test-notebooks test-browser test-colab lint notebooks pairs bench doctor clean
 
@@ -21,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 lab: $(STAMP)  ## open the lessons in JupyterLab
-	$(BIN)/jupyter lab notebooks/00_start_here.ipynb --notebook-dir=notebooks $(LAB_ARGS)
+	cd notebooks && $(abspath $(BIN))/jupyter lab 00_start_here.ipynb $(LAB_ARGS)
 
 test: lint pairs test-unit test-notebooks  ## everything a learner's clone must pass
 
