@@ -91,8 +91,9 @@ print(result.quality_table())
 fp32_run = result.runs["fp32"]
 for p, run in result.runs.items():
     if p != "fp32":
-        tail = sum(run.losses[-20:]) / 20 - sum(fp32_run.losses[-20:]) / 20
-        print(f"{p}: accuracy {run.accuracy - fp32_run.accuracy:+.2f}, late loss {tail:+.2f} vs fp32")
+        acc = round(run.accuracy - fp32_run.accuracy, 2) + 0.0  # + 0.0: no "-0.00"
+        tail = round(sum(run.losses[-20:]) / 20 - sum(fp32_run.losses[-20:]) / 20, 2) + 0.0
+        print(f"{p}: accuracy {acc:+.2f}, late loss {tail:+.2f} vs fp32")
 
 # %% [markdown]
 # `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). `act MB` is the
@@ -156,26 +157,27 @@ for p in result.runs:
 # %% [markdown]
 # Why that ratio? A training step is mostly matrix multiplications, so the speed a
 # precision can reach is set by how fast this device multiplies matrices in it. The
-# bench runs a larger MLP and a matmul microbenchmark, every precision side by side:
+# bench runs a larger MLP and a matmul microbenchmark, every precision side by side, then
+# names the reasons it reads from those measurements and this device's hardware report:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 b = bench.run_bench(("mlp",), runnable, device, warmup=1, repeats=3)
 print(b.table())
+for p in result.runs:
+    if p != "fp32":
+        print(f"\n{bench.speed_verdict(b.row('mlp', p).speedup, p)} Why:")
+        print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p)))
+
+# %% [markdown]
+# The timings move from run to run; the memory column of the same table does not. The
+# larger MLP's activation bytes, against fp32:
+
+# %%
+{p: round(b.row("mlp", p).activation_ratio, 2) for p in runnable}
 
 # %%
 plots.matmul_rates(b)
-
-# %% [markdown]
-# The reasons, read from these measurements and this device's hardware report:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-for p in result.runs:
-    if p != "fp32":
-        print(bench.speed_verdict(b.row("mlp", p).speedup, p))
-        for reason in bench.speed_reasons(b, p):
-            print("   -", reason)
 
 # %% [markdown]
 # How to read it:
@@ -206,6 +208,13 @@ from amp_lessons.master import spacing
 
 w = torch.tensor([0.05, 0.5])
 {str(dt): [f"{s:.2e}" for s in spacing(w, dt).tolist()] for dt in (torch.float16, torch.float32)}
+
+# %% [markdown]
+# So in float16, 0.05 minus 1e-5 is still 0.05:
+
+# %%
+w16 = torch.tensor(0.05, dtype=torch.float16)
+(w16 - 1e-5 == w16).item(), (torch.tensor(0.05) - 1e-5 == torch.tensor(0.05)).item()
 
 # %% [markdown]
 # **Predict**: SGD with `lr=1e-3` multiplies gradients of about 1e-4 to 1e-2. What share

@@ -214,7 +214,17 @@ class BenchResult:
 
     def as_dict(self) -> dict:
         return {"device": self.device, "device_line": self.device_line, "sizes": self.sizes,
-                "rows": [asdict(r) for r in self.rows], "matmul": [asdict(m) for m in self.matmul]}
+                "rows": [asdict(r) for r in self.rows], "matmul": [asdict(m) for m in self.matmul],
+                "note": self.noise_note()}
+
+    def noise_note(self, limit: float = 0.5) -> str | None:
+        """A warning when the repeats of some step differ by more than ``limit`` of their median."""
+        spreads = [r.spread for r in self.rows if r.spread is not None]
+        if not spreads or max(spreads) <= limit:
+            return None
+        return (f"note: step times varied by up to {max(spreads):.0%} of their median between repeats: "
+                "something else is using this machine. Read the ratios from a quieter run "
+                "(on a busy CPU, --threads 1 can help).")
 
     def table(self) -> str:
         """The rows, the matmul block and the device line, as aligned text."""
@@ -234,6 +244,9 @@ class BenchResult:
             if r.peak_mb is not None:
                 line += f" {r.peak_mb:8.1f}"
             out.append(line)
+        note = self.noise_note()
+        if note:
+            out += ["", note]
         if self.matmul:
             sizes = sorted({m.n for m in self.matmul})
             out += ["", "matmul GFLOP/s (n x n @ n x n): " + "  ".join(f"n={n}" for n in sizes)]
@@ -419,6 +432,13 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _run(args) -> int:
+    result = result_from_args(args)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
+    return 0
+
+
+def result_from_args(args) -> BenchResult:
+    """Run the bench as the parsed ``bench`` command line asks (used by benchmarks/ too)."""
     dev = pick_device(args.device)
     models = MODELS if args.model == "both" else (args.model,)
     sizes = {}
@@ -438,9 +458,7 @@ def _run(args) -> int:
         torch.set_num_threads(args.threads)
     precisions = [p for p in args.precisions.split(",") if p.strip()]
     matmul_sizes = None if args.matmul_sizes is None else _ints(args.matmul_sizes)
-    result = run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes)
-    print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
-    return 0
+    return run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes)
 
 
 # -- verdicts: the card's claims against what was measured ---------------------------------
