@@ -99,6 +99,21 @@ for label, facts in devices.items():
     print(f"{label:<34} {precision}{' + GradScaler' if scaler else ''}")
 
 # %% [markdown]
+# Why not bf16 on a T4? Here is the reason the package gives for Colab's free GPU:
+
+# %%
+print(recommend("cuda", (7, 5), bf16_native=False)[2])
+
+# %% [markdown]
+# Not every precision exists everywhere. On any CPU, TF32 does not (it is a format of NVIDIA's
+# tensor cores), while bf16 and fp16 autocast both run:
+
+# %%
+from amp_lessons.hardware import supported_precisions
+
+{name: why or "runs" for name, why in supported_precisions("cpu").items()}
+
+# %% [markdown]
 # Precision names are parsed in one place. Predict: what does `"half"` mean, and what
 # happens with a typo?
 
