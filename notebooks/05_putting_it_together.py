@@ -144,30 +144,30 @@ for p in result.runs:
 # **Predict**: the card says 2-3x *on modern GPUs*. What will the ratio be on the device
 # this notebook runs on?
 #
-# Median milliseconds per optimizer step, and the speed against fp32 (above 1 is faster).
-# Timings change from run to run, so these cells are not compared by the tests:
+# The digits runs' median milliseconds per optimizer step, their speed against fp32
+# (above 1 is faster), and the matmul work they got done per second. Timings change from
+# run to run, so these cells are not compared by the tests:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(result.speed_table())
-for p in result.runs:
-    if p != "fp32":
-        print(bench.speed_verdict(result.speedup(p), p))
 
 # %% [markdown]
 # Why that ratio? A training step is mostly matrix multiplications, so the speed a
 # precision can reach is set by how fast this device multiplies matrices in it. The
-# bench runs a larger MLP and a matmul microbenchmark, every precision side by side, then
-# names the reasons it reads from those measurements and this device's hardware report:
+# bench runs a larger MLP and a matmul microbenchmark, every precision side by side. Then
+# both MLPs are set against the card's 2-3x, with the reasons read from these
+# measurements and this device's hardware report:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-b = bench.run_bench(("mlp",), runnable, device, warmup=1, repeats=3)
+b = bench.run_bench(("mlp",), runnable, device, warmup=2, repeats=5)
 print(b.table())
-for p in result.runs:
-    if p != "fp32":
-        print(f"\n{bench.speed_verdict(b.row('mlp', p).speedup, p)} Why:")
-        print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p)))
+digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
+for p in [p for p in result.runs if p != "fp32"]:
+    print(f"\ndigits MLP: {bench.speed_verdict(result.speedup(p), p)}")
+    print(f"bench MLP:  {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
+    print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate)))
 
 # %% [markdown]
 # The timings move from run to run; the memory column of the same table does not. The
@@ -185,8 +185,9 @@ plots.matmul_rates(b)
 # - **Tensor cores** (NVIDIA Volta and newer) and **AMX tile units** (Intel Sapphire Rapids
 #   and newer CPUs) multiply 16-bit matrices several times faster than float32. The
 #   card's 2-3x comes from them. Without them, 16-bit matmuls run on the same vector
-#   units as float32, and may even be slower: some CPUs have fast bf16 kernels but no fast
-#   fp16 kernel at all, which the matmul block shows as a tiny fp16 rate.
+#   units as float32: native bf16 instructions (AVX512-BF16) can still win a little,
+#   emulation loses, and a CPU may have a fast bf16 kernel but no fast fp16 kernel at
+#   all, which the matmul block shows as a tiny fp16 rate.
 # - **Small models are not compute-bound**: when the fp32 step reaches only a small share
 #   of the matmul rate, time goes to launching small kernels, elementwise ops, the
 #   autocast casts and the optimizer, none of which 16-bit makes faster.
@@ -312,9 +313,9 @@ print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: 
 #   [01 number formats](01_number_formats.ipynb), the flushed gradients and the scaler
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
 # - Keep master weights in float32: the lost updates and Adam's zero `eps` above.
-# - Activation memory halves under bf16 and fp16 on every device; the speedup needs
-#   16-bit matmul hardware (tensor cores, AMX) and a model big enough to be
-#   compute-bound: measured above, and by `python -m amp_lessons bench`.
+# - Activation memory halves under bf16 and fp16 on every device; the speedup needs fast
+#   16-bit matmul kernels (tensor cores, AMX) and a model big enough to be compute-bound:
+#   measured above, and by `python -m amp_lessons bench`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs
 #   only; elsewhere it changes nothing.
 # - Which precision to use on a given machine: [00 start here](00_start_here.ipynb).

@@ -57,7 +57,9 @@ def test_sizes_that_cannot_fit_fail_with_a_clear_message(capsys):
     code, out, err = run_cli(capsys, "--device", "cpu", "--model", "mlp", "--width", "400000",
                              "--depth", "4", "--batch", "8")
     assert code == 2 and out == ""
-    assert "GiB" in err and "Use smaller sizes" in err and "--width 200000" in err
+    assert "GiB" in err and "Use smaller sizes: e.g. --width " in err
+    width = int(err.split("--width ")[1].split(".")[0])
+    assert 8 <= width < 20000  # weights dominate: a width that would fit is suggested
 
 
 def test_check_fits_against_a_given_budget():
@@ -172,3 +174,41 @@ def test_speed_reasons_read_the_matmul_block_and_the_model_rate():
     assert any("no tensor cores" in r for r in reasons)
     assert any("100 GFLOP/s in bf16 and 200 in fp32 (0.50x)" in r for r in reasons)
     assert any("5% of fp32's matmul rate" in r and "compute-bound" in r for r in reasons)
+
+
+def test_building_a_model_leaves_the_callers_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    a, _, _ = bench.build("mlp", bench.Sizes(8, 1, 2), "cpu", seed=0)
+    assert torch.equal(torch.rand(3), expected)
+    b, _, _ = bench.build("mlp", bench.Sizes(8, 1, 2), "cpu", seed=0)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_memory_estimate_counts_every_model_copy_but_one_step():
+    est = bench.Estimate(parameters=1000, saved_fp32_bytes=500, flops=0)
+    assert est.total_bytes(3) == 3 * 16 * 1000 + 2 * 500
+
+
+def test_a_model_that_cannot_be_allocated_is_a_clear_error(monkeypatch, capsys):
+    real = bench.build
+
+    def build(kind, sizes, device, seed=0):
+        if torch.device(device).type != "meta":
+            raise MemoryError()
+        return real(kind, sizes, device, seed)
+
+    monkeypatch.setattr(bench, "build", build)
+    code, out, err = run_cli(capsys, *TINY, "--model", "mlp")
+    assert code == 2 and out == ""
+    assert "does not fit on cpu: use smaller --batch or --width" in err
+
+
+def test_a_noisy_run_is_flagged_in_the_table():
+    result = bench.BenchResult(device="cpu", device_line="", sizes={})
+    result.rows = [bench.Row("mlp", "fp32", "ok", ms=10.0, spread=0.1, speedup=1.0, activation_mb=1.0,
+                             activation_ratio=1.0, weight_copy_mb=0.0, tflops=0.1)]
+    assert result.noise_note() is None and "note:" not in result.table()
+    result.rows[0].spread = 0.6
+    assert "varied by 60% of their median" in result.table()

@@ -105,7 +105,10 @@ def test_time_interleaved_alternates_the_steps():
 
 def test_timing_median_and_spread():
     t = Timing((1.0, 3.0, 2.0))
-    assert (t.median_ms, t.min_ms, t.spread) == (2.0, 1.0, 1.0)
+    assert (t.median_ms, t.min_ms, t.spread) == (2.0, 1.0, 0.5)  # quartiles 1.5 and 2.5
+    # one interrupted run moves neither the median nor the spread much
+    assert Timing((10.0, 10.0, 10.0, 10.0, 500.0)).spread == 0.0
+    assert Timing((4.0,)).spread == 0.0
 
 
 def test_bad_repeats_say_what_to_do():
@@ -117,3 +120,14 @@ def test_cuda_peak_is_none_off_cuda_and_cpu_memory_is_known():
     assert cuda_peak_memory(lambda: None, "cpu") is None
     free = available_memory("cpu")
     assert free is None or free > 0
+
+
+def test_step_flops_of_a_linear_layer_by_hand():
+    from amp_lessons.measure import step_flops
+
+    lin = nn.Linear(64, 32)
+    x = torch.randn(16, 64)
+    # forward 2*B*in*out; backward only the weight gradient (x needs none): 2*B*in*out
+    assert step_flops(lin, x) == 4 * 16 * 64 * 32
+    assert step_flops(lin, x.requires_grad_()) == 6 * 16 * 64 * 32
+    assert lin.weight.device.type == "cpu" and lin.weight.grad is None  # the model is untouched

@@ -290,6 +290,21 @@ def test_widgets_module_uses_only_api_shared_by_ipywidgets_7_and_8():
     assert not found, f"amp_lessons/widgets.py uses ipywidgets-8-only (or Output) API: {found}"
 
 
+def test_every_widget_function_the_lessons_import_is_tested_here():
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    imported = set()
+    for path in notebooks.glob("[0-9][0-9]_*.py"):
+        for names in re.findall(r"from amp_lessons\.widgets import ([\w, ]+)", path.read_text()):
+            imported |= {n.strip() for n in names.split(",")}
+    this_file = Path(__file__).read_text()
+    untested = sorted(
+        n
+        for n in imported
+        if f'lesson_function("{n}")' not in this_file and f"widgets.{n}(" not in this_file
+    )
+    assert not untested, f"widget functions the lessons use but this file does not test: {untested}"
+
+
 def test_running_ipywidgets_version():
     # make test-colab runs this file under 7.7.1 (and says so); .venv has 8
     assert IPYWIDGETS_MAJOR in (7, 8)

@@ -29,6 +29,7 @@ from .measure import (
     available_memory,
     cuda_peak_memory,
     saved_memory,
+    step_flops,
     time_interleaved,
 )
 from .models import TinyTransformer, mlp
@@ -61,7 +62,7 @@ class Sizes:
 DEFAULTS = {
     "cpu": {"mlp": Sizes(width=512, depth=4, batch=128), "transformer": Sizes(width=128, depth=2, batch=8, seq=64)},
     "cuda": {"mlp": Sizes(width=4096, depth=8, batch=4096),
-             "transformer": Sizes(width=1024, depth=8, batch=32, seq=512, heads=16)},
+             "transformer": Sizes(width=1024, depth=4, batch=16, seq=512, heads=16)},
 }
 MATMUL_SIZES = {"cpu": (128, 256, 512), "cuda": (1024, 4096, 8192)}
 
@@ -79,11 +80,12 @@ def default_sizes(kind: str, device) -> Sizes:
 
 
 def build(kind: str, sizes: Sizes, device, seed: int = 0):
-    """(model, x, y) for ``kind`` at ``sizes`` on ``device``; the same values for every seed call."""
+    """(model, x, y) for ``kind`` at ``sizes`` on ``device``: the same values for the same ``seed``."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    with torch.device(device):
+    # seeded initial weights, without touching the caller's random state
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        torch.manual_seed(seed)
         if kind == "mlp":
             model = mlp(sizes.width, sizes.width, CLASSES, depth=sizes.depth)
         elif kind == "transformer":
@@ -109,35 +111,43 @@ class Estimate:
     saved_fp32_bytes: int  # bytes saved for backward in fp32 (an upper bound for 16-bit)
     flops: int             # forward + backward FLOPs of one step
 
-    @property
-    def step_bytes(self) -> int:
-        """Weights + grads + Adam's two moments (4 x 4 bytes per parameter), the saved
-        activations, and as much again for the activation gradients of backward."""
-        return 16 * self.parameters + 2 * self.saved_fp32_bytes
+    def total_bytes(self, models: int = 1) -> int:
+        """``models`` copies of weights + grads + Adam's two moments (4 x 4 bytes per
+        parameter), and for the one step running at a time its saved activations and as
+        much again for the activation gradients of backward."""
+        return 16 * self.parameters * models + 2 * self.saved_fp32_bytes
 
 
 def estimate(kind: str, sizes: Sizes) -> Estimate:
     """Parameter count, fp32 saved bytes and FLOPs of one step, computed on the meta device."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     model, x, y = build(kind, sizes, "meta")
     with SavedTensorsMeter(model) as meter:
         loss = F.cross_entropy(model(x), y)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        F.cross_entropy(model(x), y).backward()
     del loss
     return Estimate(parameters=sum(p.numel() for p in model.parameters()),
-                    saved_fp32_bytes=meter.result.activation_bytes, flops=counter.get_total_flops())
+                    saved_fp32_bytes=meter.result.activation_bytes, flops=step_flops(model, x, y))
 
 
 def check_fits(need_bytes: int, free_bytes: int | None, what: str, hint: str) -> None:
     """Raise :class:`BenchMemoryError` when ``need_bytes`` exceeds 80% of ``free_bytes``."""
     if free_bytes is not None and need_bytes > 0.8 * free_bytes:
         raise BenchMemoryError(
-            f"{what} needs about {need_bytes / GiB:.1f} GiB (weights, gradients, Adam state and "
-            f"activations for every precision) but only {free_bytes / GiB:.1f} GiB is free. "
+            f"{what} needs about {need_bytes / GiB:.1f} GiB (weights, gradients and Adam state of "
+            f"one model copy per precision, and one step's activations) but only "
+            f"{free_bytes / GiB:.1f} GiB is free. "
             f"Use smaller sizes: {hint}.")
+
+
+def _smaller(sizes: Sizes, est: Estimate, need: int, free: int | None) -> str:
+    """A flag that would fit: a smaller width where weights dominate, else a smaller batch."""
+    share = 0.7 * (free or need) / need  # a little below the 80% check
+    if 16 * est.parameters > 2 * est.saved_fp32_bytes:
+        return f"e.g. --width {max(8, int(sizes.width * min(1.0, share) ** 0.5))}"
+    batch = int(sizes.batch * min(1.0, share))
+    if batch < 1:
+        return "--batch 1 and a shorter --seq (attention grows with its square)" if sizes.seq > 1 else \
+            "--batch 1 and a smaller --width"
+    return f"e.g. --batch {batch}"
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -217,14 +227,16 @@ class BenchResult:
                 "rows": [asdict(r) for r in self.rows], "matmul": [asdict(m) for m in self.matmul],
                 "note": self.noise_note()}
 
-    def noise_note(self, limit: float = 0.5) -> str | None:
-        """A warning when the repeats of some step differ by more than ``limit`` of their median."""
+    def noise_note(self, limit: float = 0.25) -> str | None:
+        """A warning when the middle half of some step's repeats spreads over more than
+        ``limit`` of their median (see :attr:`amp_lessons.measure.Timing.spread`)."""
         spreads = [r.spread for r in self.rows if r.spread is not None]
         if not spreads or max(spreads) <= limit:
             return None
-        return (f"note: step times varied by up to {max(spreads):.0%} of their median between repeats: "
-                "something else is using this machine. Read the ratios from a quieter run "
-                "(on a busy CPU, --threads 1 can help).")
+        hint = (" (on a busy CPU, --threads 1 can help)"
+                if self.device.startswith("cpu") and torch.get_num_threads() > 1 else "")
+        return (f"note: step times varied by {max(spreads):.0%} of their median between repeats: "
+                f"something else is using this machine. Read the ratios from a quieter run{hint}.")
 
     def table(self) -> str:
         """The rows, the matmul block and the device line, as aligned text."""
@@ -282,14 +294,14 @@ def device_line(device) -> str:
             f"torch {r.torch_version}")
 
 
-def _progress_bar(total: int, progress):
+def _progress_bar(total: int, progress, desc: str = "bench"):
     from .training import _progress_default
 
     if not (_progress_default() if progress is None else progress):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="bench", leave=False)
+    return tqdm(total=total, desc=desc, leave=False)
 
 
 def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | None = None,
@@ -312,11 +324,10 @@ def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | N
     estimates = {kind: estimate(kind, sizes[kind]) for kind in models}
     free = available_memory(dev)
     for kind in models:
-        s = sizes[kind]
-        check_fits(estimates[kind].step_bytes * max(1, len(runnable)), free,
-                   f"the {kind} at width {s.width}, depth {s.depth}, batch {s.batch}"
-                   + (f", seq {s.seq}" if kind == "transformer" else ""),
-                   f"--batch {max(1, s.batch // 4)} or --width {max(8, s.width // 2)}")
+        s, est = sizes[kind], estimates[kind]
+        need = est.total_bytes(max(1, len(runnable)))
+        check_fits(need, free, f"the {kind} at width {s.width}, depth {s.depth}, batch {s.batch}"
+                   + (f", seq {s.seq}" if kind == "transformer" else ""), _smaller(s, est, need, free))
     if matmul_sizes is None:
         matmul_sizes = MATMUL_SIZES["cuda" if dev.type == "cuda" else "cpu"]
     result = BenchResult(device=str(dev), device_line=device_line(dev),
@@ -340,7 +351,13 @@ def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | N
 def _bench_model(kind, sizes, est, names, why_not, dev, warmup, repeats, bar) -> list[Row]:
     rows = {p: Row(kind, p, "unsupported", why_not[p]) for p in names if why_not[p] is not None}
     runnable = [p for p in names if why_not[p] is None]
-    base, x, y = build(kind, sizes, dev)
+    try:
+        base, x, y = build(kind, sizes, dev)
+    except (MemoryError, RuntimeError) as err:
+        if not _is_oom(err):
+            raise
+        raise BenchMemoryError(f"the {kind} at width {sizes.width}, depth {sizes.depth}, batch "
+                               f"{sizes.batch} does not fit on {dev}: use smaller --batch or --width") from err
     models, steps = {}, {}
     for p in runnable:
         try:
@@ -486,21 +503,26 @@ def memory_verdict(ratio: float, precision: str) -> str:
     return f"{precision} keeps {ratio:.2f} of fp32's activation bytes: no saving."
 
 
-def speed_reasons(result: BenchResult, precision: str) -> list[str]:
+def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None = None) -> list[str]:
     """Why ``precision`` is as fast as measured on this device, read from the measurements.
 
     Names the hardware (tensor cores, AMX), the matmul rate of the precision against
-    fp32's, and whether the models were big enough to be limited by matmul speed at all.
+    fp32's, and for each fp32 training step (the bench's rows, plus ``step_rates``: label
+    -> achieved GFLOP/s) whether it was big enough to be limited by matmul speed at all.
     """
     name = parse_precision(precision)
     dev = torch.device(result.device)
     reasons = []
     r = hardware_report(dev)
     if dev.type == "cpu":
-        reasons.append("a CPU has no tensor cores; this one has AMX tile units, which speed up bf16 matmuls"
-                       if r.amx_bf16 else
-                       "a CPU has no tensor cores and this one has no AMX tile units: 16-bit matmuls "
-                       "get no dedicated hardware here")
+        if r.amx_bf16:
+            reasons.append("a CPU has no tensor cores; this one has AMX tile units, which speed up bf16 matmuls")
+        elif r.avx512_bf16:
+            reasons.append("a CPU has no tensor cores and this one has no AMX tile units; its AVX512-BF16 "
+                           "instructions run bf16 dot products on the ordinary vector units")
+        else:
+            reasons.append("a CPU has no tensor cores, and this one has neither AMX nor AVX512-BF16: "
+                           "16-bit math is converted to float32 and back, in software")
     elif dev.type == "cuda":
         cc = r.cuda_capability
         if cc < (7, 0):
@@ -517,13 +539,18 @@ def speed_reasons(result: BenchResult, precision: str) -> list[str]:
             reasons.append(f"an n={n} matmul ran at {mm[n, name]:.0f} GFLOP/s in {name} and "
                            f"{mm[n, 'fp32']:.0f} in fp32 ({ratio:.2f}x)")
         peak = max((v for (_, p), v in mm.items() if p == "fp32"), default=None)
-        fp32_rows = [row for row in result.rows if row.precision == "fp32" and row.tflops]
-        if peak and fp32_rows:
-            share = max(row.tflops for row in fp32_rows) * 1e3 / peak
+        rates = {f"the bench {row.model}": row.tflops * 1e3 for row in result.rows
+                 if row.precision == "fp32" and row.tflops}
+        rates.update(step_rates or {})
+        for label, rate in rates.items() if peak else ():
+            share = rate / peak
             if share < 0.3:
-                reasons.append(f"the fp32 training step reached only {share:.0%} of fp32's matmul rate: "
-                               "time goes to small kernels, elementwise ops, casts and the optimizer, "
-                               "which 16-bit does not speed up (the model is too small to be compute-bound)")
+                reasons.append(f"{label}'s fp32 step reached only {share:.0%} of fp32's matmul rate: time "
+                               "goes to small kernels, elementwise ops, casts and the optimizer, which "
+                               "16-bit does not speed up (too small to be compute-bound)")
+            else:
+                reasons.append(f"{label}'s fp32 step reached {share:.0%} of fp32's matmul rate: big enough "
+                               "for the matmul speed to show")
     return reasons
 
 
@@ -541,6 +568,7 @@ class Run:
     activation_mb: float      # saved for backward by one batch
     weight_copy_mb: float     # autocast's 16-bit weight copies, counted apart
     skipped: int              # steps GradScaler skipped
+    gflops: float = 0.0       # achieved GFLOP/s of the median step (matmul work only)
     trainer: object = field(repr=False, default=None)
 
 
@@ -569,10 +597,10 @@ class SideBySide:
 
     def speed_table(self) -> str:
         """Median ms per step and the speed ratio to fp32: these change from run to run."""
-        lines = [f"{'precision':<13}{'ms/step':>9}{'speed vs fp32':>15}"]
+        lines = [f"{'precision':<13}{'ms/step':>9}{'speed vs fp32':>15}{'GFLOP/s':>9}"]
         for p, r in self.runs.items():
             label = p + (" +scaler" if needs_scaler(p) else "")
-            lines.append(f"{label:<13}{r.ms:>9.2f}{self.speedup(p):>14.2f}x")
+            lines.append(f"{label:<13}{r.ms:>9.2f}{self.speedup(p):>14.2f}x{r.gflops:>9.1f}")
         return "\n".join(lines)
 
 
@@ -599,7 +627,7 @@ def train_side_by_side(make_model, data, precisions=None, steps: int = 200, devi
     for p in names:
         seed_everything(seed)
         trainers[p] = Trainer(make_model(), data, precision=p, device=dev, progress=False, **trainer_kwargs)
-    bar = _progress_bar(steps * len(names), progress)
+    bar = _progress_bar(steps * len(names), progress, desc="side by side")
     try:
         for _ in range(steps):
             for p, t in trainers.items():
@@ -614,7 +642,8 @@ def train_side_by_side(make_model, data, precisions=None, steps: int = 200, devi
     for p, t in trainers.items():
         x, y = data.batch(0, t.batch_size, t.seed)
         mem = saved_memory(t.model, x.to(dev), y.to(dev), p)
-        ms = t.history["ms"][min(5, steps - 1):]
-        runs[p] = Run(p, t.evaluate(), t.history["loss"], float(torch.tensor(ms).median()),
-                      mem.activation_bytes / MB, mem.weight_copy_bytes / MB, t.history.skipped, t)
+        ms = float(torch.tensor(t.history["ms"][min(5, steps - 1):]).median())
+        gflops = step_flops(t.model, x, y) / (ms * 1e-3) / 1e9
+        runs[p] = Run(p, t.evaluate(), t.history["loss"], ms, mem.activation_bytes / MB,
+                      mem.weight_copy_bytes / MB, t.history.skipped, gflops, t)
     return SideBySide(runs, str(dev))

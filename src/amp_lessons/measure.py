@@ -6,8 +6,9 @@
   ``weight_copy_bytes``, so the activation figure compares like with like.
 - :func:`saved_memory` runs one forward pass + loss under a precision and meters it.
 - :func:`cuda_peak_memory` is the CUDA allocator's peak for one call (``None`` elsewhere).
+- :func:`step_flops` counts the matmul work of one training step, for achieved FLOP/s.
 - :func:`time_step` times a step right: warm-up calls, ``torch.cuda.synchronize()`` on
-  CUDA, the median of several runs.
+  CUDA, the median of several runs; :func:`time_interleaved` times several side by side.
 
 Used in 05_putting_it_together and by ``python -m amp_lessons bench``.
 """
@@ -188,6 +189,33 @@ def saved_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = Non
     return meter.result
 
 
+def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None,
+               loss_fn=nn.functional.cross_entropy) -> int:
+    """Floating-point operations of one forward + loss + backward pass (matmuls, attention).
+
+    Counted by ``torch.utils.flop_counter.FlopCounterMode`` on a copy of the model on the
+    meta device: nothing is computed and the model is not touched. Elementwise ops are
+    not counted: the figure is the work tensor cores or AMX could speed up.
+    """
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # a meta copy without copying the data: each parameter and buffer maps to an empty twin
+    memo = {id(t): (nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
+                    if isinstance(t, nn.Parameter) else torch.empty_like(t, device="meta"))
+            for t in [*model.parameters(), *model.buffers()]}
+    meta = copy.deepcopy(model, memo)
+    x = torch.empty_like(x, device="meta").requires_grad_(x.requires_grad)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = meta(x)
+        if y is not None:
+            out = loss_fn(out, torch.empty_like(y, device="meta"))
+        out.sum().backward()
+    return int(counter.get_total_flops())
+
+
 @dataclass(frozen=True)
 class PeakMemory:
     """CUDA allocator figures for one call: the peak, and what was allocated before it."""
@@ -238,8 +266,15 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """(max - min) / median: how noisy the runs were (0.1 = 10%)."""
-        return (max(self.times_ms) - min(self.times_ms)) / self.median_ms if self.median_ms else 0.0
+        """Interquartile range / median: how noisy the runs were (0.1 = 10%).
+
+        Quartiles, not min and max, so one interrupted run does not count as noise: the
+        median it is read against ignores that run too.
+        """
+        if len(self.times_ms) < 2 or not self.median_ms:
+            return 0.0
+        low, _, high = statistics.quantiles(self.times_ms, n=4, method="inclusive")
+        return (high - low) / self.median_ms
 
 
 def synchronize(device) -> None:

@@ -219,9 +219,11 @@ def side_by_side(result):
     names = list(runs)
     colors = [_PRECISION_COLORS.get(p, "grey") for p in names]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [2, 1, 1]})
-    for p, color in zip(names, colors):
+    for i, (p, color) in enumerate(zip(names, colors)):
         losses = runs[p].losses
-        axes[0].plot(range(len(losses)), losses, color=color, lw=1.2, label=p)
+        # fp32 wide and pale underneath, so a run that tracks it stays visible on top
+        style = dict(lw=4, alpha=0.4) if p == "fp32" else dict(lw=1.2, ls=("-", "--", ":")[i % 3])
+        axes[0].plot(range(len(losses)), losses, color=color, label=p, **style)
     axes[0].set(xlabel="optimizer step", ylabel="training loss (cross-entropy, nats)",
                 title="the same run in each precision")
     axes[0].legend(frameon=False)
@@ -232,8 +234,10 @@ def side_by_side(result):
     axes[2].bar(names, act, color=colors, label="activations")
     axes[2].bar(names, copies, bottom=act, color="none", edgecolor="black", hatch="//",
                 label="16-bit weight copies")
-    axes[2].set(ylabel="MB saved for backward (one batch)", title="memory saved for backward")
-    axes[2].legend(frameon=False, fontsize=8)
+    top = max(a + c for a, c in zip(act, copies))
+    axes[2].set(ylabel="MB saved for backward (one batch)", title="memory saved for backward",
+                ylim=(0, 1.35 * top))
+    axes[2].legend(frameon=False, fontsize=8, loc="upper right")
     low = [p for p in names if p in ("bf16", "fp16")]
     if low:
         best = min(low, key=lambda p: runs[p].activation_mb)

@@ -1,0 +1,167 @@
+"""Loss scaling with GradScaler, measured: lesson 03's runs and the readers of their results.
+
+Used in 03_grad_scaler. Two configurations of one digits MLP show the two ends of float16's
+range:
+
+- **small gradients** (:func:`small_loss`): the cross-entropy times ``2^-15``. Large
+  networks have gradients far smaller than a 4-layer MLP's; this weight moves the MLP's
+  gradients down to where theirs lie, so a laptop can show what fp16 does to them. Adam's
+  steps do not depend on the size of the loss, so fp32 trains much as before, while fp16
+  without a scaler flushes most gradients to zero.
+- **large gradients** (:func:`summed_loss`): the cross-entropy summed over the batch, not
+  averaged. Its gradients times GradScaler's first scale, 65536, overflow float16's largest
+  value (65504): the first steps are skipped while the scaler halves its way down.
+
+Readers: :func:`flush_report` (which gradients fp16 lost), :func:`optimizer_steps` (the
+steps Adam really took), :func:`scale_changes` (when the scale grew or halved) and
+:func:`scheduler_warnings` (the lr_scheduler warning after a skipped first step).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from .data import digits
+from .models import mlp
+from .training import GradientRecorder, Trainer
+
+LOSS_WEIGHT = 2.0**-15
+LESSON_SETTINGS = {"optimizer": "adamw", "lr": 3e-3, "batch_size": 64}
+SCHEDULER_WARNING = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+
+
+def small_loss(logits, y):
+    """Cross-entropy times :data:`LOSS_WEIGHT` (``2^-15``): gradients as small as a large network's."""
+    return F.cross_entropy(logits, y) * LOSS_WEIGHT
+
+
+def summed_loss(logits, y):
+    """Cross-entropy summed over the batch: gradients ``batch_size`` times the mean's."""
+    return F.cross_entropy(logits, y, reduction="sum")
+
+
+def lesson_model(seed: int = 0):
+    """03's MLP (64 -> 64 -> 64 -> 64 -> 10, ReLU): the same weights on every call, built
+    under its own seed without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return mlp(64, 64, 10, depth=3)
+
+
+@functools.lru_cache(maxsize=1)
+def lesson_data():
+    """The 8x8 digits (loaded once; nothing in the lessons changes them)."""
+    return digits()
+
+
+def lesson_trainer(precision="fp16", scaler=None, device=None, loss_fn=small_loss, **settings) -> Trainer:
+    """A :class:`Trainer` of :func:`lesson_model` on the digits with 03's settings
+    (AdamW, lr 3e-3, batch 64, ``teaching=True``); ``settings`` override or add Trainer arguments."""
+    kwargs = {**LESSON_SETTINGS, "teaching": True, **settings}
+    return Trainer(lesson_model(), lesson_data(), precision=precision, scaler=scaler,
+                   device=device, loss_fn=loss_fn, **kwargs)
+
+
+def first_step_gradients(precision, scaler=None, device=None, loss_fn=small_loss) -> torch.Tensor:
+    """Every weight gradient of step 0 (unscaled, float32): the same weights and the same
+    batch whatever the precision, so two precisions compare value by value."""
+    recorder = GradientRecorder(steps={0})
+    lesson_trainer(precision, scaler, device, loss_fn, callbacks=[recorder], progress=False).fit(1)
+    return recorder.weight_grads
+
+
+@dataclass(frozen=True)
+class FlushReport:
+    """The same gradients computed two ways: a float32 reference and another precision."""
+
+    name: str
+    total: int
+    zero_reference: int
+    zero_other: int
+    flushed: int  # nonzero in the reference, exactly zero in the other
+
+    @property
+    def flushed_fraction(self) -> float:
+        """Of the gradients float32 computed as nonzero, the fraction the other made 0."""
+        return self.flushed / max(1, self.total - self.zero_reference)
+
+    def __str__(self) -> str:
+        return (f"{self.total:,} gradient values; exactly zero: fp32 {self.zero_reference / self.total:.1%}, "
+                f"{self.name} {self.zero_other / self.total:.1%}; {self.name} flushed "
+                f"{self.flushed_fraction:.1%} of fp32's nonzero values")
+
+
+def flush_report(reference: torch.Tensor, other: torch.Tensor, name: str = "fp16") -> FlushReport:
+    """Compare ``other`` with the float32 ``reference`` of the same gradients, value by value."""
+    if reference.shape != other.shape:
+        raise ValueError(f"the two gradient sets differ in shape: {tuple(reference.shape)} vs "
+                         f"{tuple(other.shape)}; record the same model at the same step")
+    ref_zero, other_zero = reference == 0, other == 0
+    return FlushReport(name, reference.numel(), int(ref_zero.sum()), int(other_zero.sum()),
+                       int((other_zero & ~ref_zero).sum()))
+
+
+def optimizer_steps(optimizer) -> int:
+    """The steps the optimizer really applied, from its own counter (Adam's
+    ``state[p]["step"]``): a step GradScaler skipped never reached the optimizer."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if "step" in state:
+                return int(state["step"])
+            if state:
+                break
+    if not any(optimizer.state.values()):
+        return 0
+    raise ValueError(f"{type(optimizer).__name__} keeps no step count; count the steps whose "
+                     "scale did not drop instead")
+
+
+def scale_changes(history, final_scale=None) -> list[tuple[int, str, float, float]]:
+    """``(step, "halved" | "grew", before, after)`` for every step after which the scale
+    changed. The scale after the last step is ``final_scale`` (``trainer.current_scale()``)."""
+    scales = [*history["scale"], final_scale if final_scale is not None else history[-1].scale]
+    out = []
+    for step, before, after in zip(history["step"], scales, scales[1:]):
+        if after != before:
+            out.append((step, "halved" if after < before else "grew", before, after))
+    return out
+
+
+def describe_scale_changes(history, final_scale=None) -> str:
+    """:func:`scale_changes` as lines of text, then the count of skipped steps."""
+    lines = [f"step {s:>3}: {kind:<6} {b:>9g} -> {a:g}"
+             for s, kind, b, a in scale_changes(history, final_scale)]
+    lines.append(f"{history.skipped} of {len(history)} steps skipped")
+    return "\n".join(lines)
+
+
+def scale_run(init_scale=2.0**16, growth_interval=10, inject_at=None, steps=40, device=None):
+    """A short fp16 run with the large-gradient loss (:func:`summed_loss`), for the scale
+    plot and its widget: returns ``(history, scale after the last step)``."""
+    trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss, init_scale=init_scale,
+                             growth_interval=growth_interval, progress=False,
+                             inject_nonfinite=() if inject_at is None or inject_at < 0 else (inject_at,))
+    history = trainer.fit(steps)
+    return history, trainer.current_scale()
+
+
+def scheduler_warnings(step_scheduler_on_skip: bool, steps: int = 3, device=None):
+    """Run the large-gradient fp16 loop (its first step is skipped) with an lr scheduler;
+    return ``(warning messages, trainer)``.
+
+    ``step_scheduler_on_skip=True`` is the common loop that calls ``scheduler.step()``
+    every iteration; ``False`` steps it only when the optimizer stepped (the fix).
+    """
+    trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss, progress=False,
+                             scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10, 0.5),
+                             step_scheduler_on_skip=step_scheduler_on_skip)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(steps)
+    return [str(w.message) for w in caught], trainer

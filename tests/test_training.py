@@ -1,0 +1,413 @@
+"""The training loop: skipped steps, the loss scale, checkpoints, errors, the history.
+
+References: the optimizer's own step counter, parameters compared bit for bit, scales
+computed by hand from GradScaler's rules, an uninterrupted run for a resumed one.
+"""
+
+import functools
+import math
+import warnings
+
+import pytest
+import torch
+
+from amp_lessons.data import digits
+from amp_lessons.models import mlp
+from amp_lessons.scaling import first_step_gradients, flush_report, optimizer_steps
+from amp_lessons.training import (
+    CheckpointError,
+    History,
+    NonFiniteLossError,
+    ScaleCollapseError,
+    StepRecord,
+    Trainer,
+    _count_zeros,
+)
+
+DATA = digits()
+SCHEDULER_WARNING = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+
+
+def small_model(seed=0, hidden=32):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return mlp(64, hidden, 10, depth=2)
+
+
+def trainer(precision="fp16", seed=0, hidden=32, **kwargs):
+    kwargs = {"optimizer": "adam", "lr": 1e-3, "batch_size": 32, "init_scale": 2.0**10, **kwargs}
+    return Trainer(small_model(seed, hidden), DATA, precision=precision, device="cpu", **kwargs)
+
+
+def params(t):
+    return [p.detach().clone() for p in t.model.parameters()]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def optimizer_tensors(t):
+    return [v for s in t.optimizer.state_dict()["state"].values() for v in s.values()]
+
+
+def without_time(history):
+    """The records but their times, NaN as a string (a skipped step's norms are NaN)."""
+    return [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items() if k != "ms"}
+            for r in history.as_dicts()]
+
+
+# -- skipped steps -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inject", [(3,), (1, 4, 5)])
+def test_injected_inf_steps_are_skipped_and_leave_parameters_unchanged(inject):
+    t = trainer(inject_nonfinite=inject)
+    total = 8
+    for i in range(total):
+        before = params(t)
+        record = t.step()
+        assert record.skipped == (i in inject), f"step {i}"
+        assert same(before, params(t)) == (i in inject), f"step {i}: parameters"
+    assert t.history.skipped == len(inject)
+    assert [r.step for r in t.history if r.skipped] == list(inject)
+    for p in t.model.parameters():  # Adam counts only the steps it applied
+        assert int(t.optimizer.state[p]["step"]) == total - len(inject)
+    assert optimizer_steps(t.optimizer) == total - len(inject)
+
+
+def test_the_loss_of_a_skipped_step_is_recorded_as_inf():
+    t = trainer(inject_nonfinite=(2,))
+    h = t.fit(4)
+    assert math.isinf(h[2].loss) and all(math.isfinite(v) for i, v in enumerate(h["loss"]) if i != 2)
+
+
+def test_scale_halves_on_each_skip_and_doubles_after_growth_interval_clean_steps():
+    t = trainer(init_scale=2.0**10, growth_interval=3, inject_nonfinite=(4, 9))
+    h = t.fit(13)
+    # by hand: 3 clean steps (0-2) -> x2 before step 3; step 4 skipped -> /2; steps 5-7
+    # clean -> x2; step 8 clean; step 9 skipped -> /2 (the growth count restarts); 10-12 -> x2
+    k = 2.0**10
+    assert h["scale"] == [k, k, k, 2 * k, 2 * k, k, k, k, 2 * k, 2 * k, k, k, k]
+    assert t.current_scale() == 2 * k
+    assert [r.step for r in h if r.skipped] == [4, 9]
+
+
+def test_a_scale_that_keeps_falling_raises_scale_collapse_instead_of_skipping_forever():
+    t = trainer(init_scale=2.0**4, min_scale=2.0**-4, inject_nonfinite=range(100))
+    before = params(t)
+    with pytest.raises(ScaleCollapseError, match="floor") as err:
+        t.fit(50)
+    # 2^4 halves 9 times to 2^-5, below the floor 2^-4: raised after step 8
+    assert "at step 8 after 9 skipped steps" in str(err.value)
+    assert len(t.history) == 9 and t.history.skipped == 9
+    assert same(before, params(t))
+
+
+# -- fp16 without a scaler ---------------------------------------------------------------------
+
+
+def test_fp16_without_a_scaler_flushes_more_gradients_than_fp32_on_the_lessons_configuration():
+    fp32 = first_step_gradients("fp32", device="cpu")
+    fp16 = first_step_gradients("fp16", scaler=False, device="cpu")
+    report = flush_report(fp32, fp16)
+    assert report.zero_other / report.total > report.zero_reference / report.total + 0.3
+    assert report.flushed_fraction > 0.5
+    # the same first step through the Trainer's own history column
+    zero_frac = {}
+    for name, precision, scaler in (("fp32", "fp32", None), ("fp16", "fp16", False)):
+        from amp_lessons.scaling import lesson_trainer
+
+        zero_frac[name] = lesson_trainer(precision, scaler, device="cpu", progress=False).fit(1)[0].zero_frac
+    assert zero_frac["fp16"] == pytest.approx(report.zero_other / report.total)
+    assert zero_frac["fp32"] == pytest.approx(report.zero_reference / report.total)
+
+
+def test_bf16_and_a_scaler_keep_the_gradients_that_fp16_alone_flushes():
+    fp32 = first_step_gradients("fp32", device="cpu")
+    for other, kwargs in (("bf16", {}), ("fp16", {"scaler": True})):
+        report = flush_report(fp32, first_step_gradients(other, device="cpu", **kwargs), other)
+        # not none at all: a sum that cancels can round to exactly 0 in 16 bits
+        assert report.flushed_fraction < 1e-3, report
+
+
+def test_zero_frac_is_the_exact_share_of_zero_gradient_values():
+    counts = []
+
+    class Count:
+        def after_backward(self, t):
+            grads = [p.grad for p in t.model.parameters()]
+            counts.append(sum(int((g == 0).sum()) for g in grads) / sum(g.numel() for g in grads))
+
+    t = trainer("fp16", scaler=False, teaching=True, callbacks=[Count()])
+    assert t.fit(3)["zero_frac"] == counts
+
+
+def test_count_zeros_counts_negative_zero_and_not_nan():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        g = torch.tensor([0.0, -0.0, 1e-30, -1.0, float("nan"), float("inf"), 0.0], dtype=dtype)
+        assert int(_count_zeros([g, g[:2]])) == int((g == 0).sum()) + 2
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+
+
+def step_lr(opt):
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("scheduler", [None, step_lr])
+def test_resuming_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, precision, scheduler):
+    kwargs = {"scheduler": scheduler, "growth_interval": 2,
+              "inject_nonfinite": (2, 7) if precision == "fp16" else ()}
+    whole = trainer(precision, **kwargs)
+    whole.fit(10)
+    first = trainer(precision, **kwargs)
+    first.fit(5)
+    first.save(tmp_path / "run.pt")
+    resumed = trainer(precision, seed=1, **kwargs)  # other weights: all of them come from the file
+    resumed.load(tmp_path / "run.pt")
+    assert resumed.step_count == 5
+    resumed.fit(5)
+    assert same(params(whole), params(resumed))
+    assert same(optimizer_tensors(whole), optimizer_tensors(resumed))
+    assert whole.current_scale() == resumed.current_scale()
+    assert whole.scaler.state_dict() == resumed.scaler.state_dict()
+    assert without_time(whole.history) == without_time(resumed.history)
+    if scheduler is not None:
+        assert whole.scheduler.state_dict() == resumed.scheduler.state_dict()
+        assert whole.optimizer.param_groups[0]["lr"] == resumed.optimizer.param_groups[0]["lr"]
+
+
+def snapshot(t):
+    return (params(t), optimizer_tensors(t), t.step_count, without_time(t.history), t.current_scale())
+
+
+def assert_untouched(t, before):
+    p, o, step, hist, scale = before
+    assert same(p, params(t)) and same(o, optimizer_tensors(t))
+    assert (t.step_count, without_time(t.history), t.current_scale()) == (step, hist, scale)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    t = trainer("fp16")
+    t.fit(3)
+    return t.save(tmp_path / "fp16.pt")
+
+
+def bad_checkpoints(saved, tmp_path):
+    raw = saved.read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(raw[: len(raw) // 2])
+    (tmp_path / "corrupt.pt").write_bytes(bytes(b ^ 0x5A for b in raw))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    torch.save({"weights": torch.ones(3)}, tmp_path / "foreign.pt")
+    state = torch.load(saved, weights_only=True)
+    del state["history"]
+    torch.save(state, tmp_path / "incomplete.pt")
+    other_model = trainer("fp16", hidden=16)
+    other_model.fit(1)
+    other_model.save(tmp_path / "other_model.pt")
+    other_precision = trainer("bf16")
+    other_precision.fit(1)
+    other_precision.save(tmp_path / "bf16.pt")
+    other_optimizer = trainer("fp16", optimizer="sgd")
+    other_optimizer.fit(1)
+    other_optimizer.save(tmp_path / "sgd.pt")
+    no_scaler = trainer("fp16", scaler=False, teaching=True)
+    no_scaler.fit(1)
+    no_scaler.save(tmp_path / "no_scaler.pt")
+    with_scheduler = trainer("fp16", scheduler=step_lr)
+    with_scheduler.fit(1)
+    with_scheduler.save(tmp_path / "scheduler.pt")
+    return {
+        "truncated": "not a readable", "corrupt": "not a readable", "empty": "not a readable",
+        "foreign": "not an amp-lessons checkpoint", "incomplete": "incomplete",
+        "other_model": "another model", "bf16": "bf16 run", "sgd": "SGD optimizer",
+        "no_scaler": "without a GradScaler", "scheduler": "with an lr scheduler",
+    }
+
+
+def test_a_bad_checkpoint_raises_checkpoint_error_and_leaves_the_trainer_untouched(saved, tmp_path):
+    cases = bad_checkpoints(saved, tmp_path)
+    t = trainer("fp16", seed=3, inject_nonfinite=(1,))
+    t.fit(4)
+    before = snapshot(t)
+    for name, message in cases.items():
+        with pytest.raises(CheckpointError, match=message):
+            t.load(tmp_path / f"{name}.pt")
+        assert_untouched(t, before)
+    t.fit(1)  # and it still trains
+
+
+def test_a_checkpoint_that_fails_halfway_through_loading_is_rolled_back(saved, tmp_path):
+    state = torch.load(saved, weights_only=True)
+    del state["model"]["2.bias"]  # the signature still matches; load_state_dict fails late
+    torch.save(state, tmp_path / "half.pt")
+    t = trainer("fp16", seed=3)
+    t.fit(2)
+    before = snapshot(t)
+    with pytest.raises(CheckpointError, match="nothing was changed"):
+        t.load(tmp_path / "half.pt")
+    assert_untouched(t, before)
+
+
+# -- the loop's GradScaler ---------------------------------------------------------------------
+
+
+def test_the_loop_never_builds_a_grad_scaler_without_a_device(monkeypatch):
+    calls = []
+    real = torch.amp.GradScaler
+
+    class Recording(real):
+        def __init__(self, *args, **kwargs):
+            calls.append((args, kwargs))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", Recording)
+    for precision, scaler in (("fp32", None), ("bf16", None), ("fp16", None), ("fp16", False)):
+        trainer(precision, scaler=scaler, teaching=True).fit(1)
+    assert len(calls) == 4
+    for args, kwargs in calls:
+        device = args[0] if args else kwargs.get("device")
+        assert device == "cpu", (args, kwargs)
+
+
+# -- non-finite losses without a scaler --------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("accum_steps", [1, 2])
+def test_a_non_finite_loss_without_a_scaler_raises_naming_the_step(precision, accum_steps):
+    t = trainer(precision, inject_nonfinite=(3,), accum_steps=accum_steps)
+    t.fit(3)
+    before = params(t)
+    with pytest.raises(NonFiniteLossError, match="at step 3"):
+        t.fit(5)
+    assert same(before, params(t))
+    assert t.step_count == 3 and len(t.history) == 3
+    assert all(p.grad is None for p in t.model.parameters())
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"precision": "fp61"}, "precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"),
+    ({"lr": 0}, "lr must be a positive finite number; got 0"),
+    ({"lr": -1e-3}, "lr must be a positive"),
+    ({"lr": float("nan")}, "lr must be a positive"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"accum_steps": 1.5}, "accum_steps must be a positive integer"),
+    ({"clip_norm": 0.0}, "clip_norm must be a positive finite number; got 0.0"),
+    ({"clip_norm": -1.0}, "clip_norm must be a positive"),
+    ({"clip_order": "after"}, "clip_order must be one of unscale_first, before_unscale; got 'after'"),
+    ({"optimizer": "lion"}, "optimizer must be one of sgd, adam, adamw or a callable"),
+    ({"init_scale": 0.0}, "init_scale must be a positive"),
+    ({"growth_interval": 0}, "growth_interval must be a positive integer"),
+    ({"growth_factor": 1.0}, "growth_factor must be a finite number > 1"),
+    ({"backoff_factor": 1.0}, "backoff_factor must be between 0 and 1"),
+    ({"min_scale": -1.0}, "min_scale must be a positive"),
+])
+def test_bad_settings_are_clear_errors(kwargs, message):
+    precision = kwargs.pop("precision", "fp16")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        trainer(precision, **kwargs)
+
+
+@pytest.mark.parametrize("steps", [0, -3, 2.5, True])
+def test_fit_wants_a_positive_number_of_steps(steps):
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        trainer("fp32").fit(steps)
+
+
+def test_fp16_without_a_scaler_warns_unless_teaching():
+    with pytest.warns(UserWarning, match="fp16 without a GradScaler"):
+        trainer("fp16", scaler=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer("fp16", scaler=False, teaching=True)
+        trainer("bf16", scaler=False)
+
+
+def test_the_wrong_clip_order_warns_unless_teaching():
+    with pytest.warns(UserWarning, match="clip_order='before_unscale'"):
+        trainer("fp16", clip_norm=1.0, clip_order="before_unscale")
+
+
+# -- the lr scheduler after a skipped step -----------------------------------------------------
+
+
+def test_stepping_the_scheduler_after_a_skipped_first_step_warns():
+    t = trainer("fp16", inject_nonfinite=(0,), scheduler=step_lr, step_scheduler_on_skip=True)
+    with pytest.warns(UserWarning, match=SCHEDULER_WARNING.replace("(", r"\(").replace(")", r"\)")):
+        t.fit(2)
+    assert t.scheduler.last_epoch == 2  # stepped for the skipped step too
+
+
+def test_by_default_the_scheduler_steps_only_with_the_optimizer():
+    t = trainer("fp16", inject_nonfinite=(0, 4), scheduler=step_lr)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(8)
+    assert not [w for w in caught if SCHEDULER_WARNING in str(w.message)]
+    assert t.scheduler.last_epoch == optimizer_steps(t.optimizer) == 6
+    # the schedule follows applied steps: StepLR(3, 0.5) halved the lr twice in 6
+    assert t.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 / 4)
+    assert t.history[0].lr == t.history[1].lr == 1e-3  # step 1 used the lr step 0 did not
+
+
+def test_the_scheduler_warning_comes_from_the_lessons_run_too():
+    from amp_lessons.scaling import scheduler_warnings
+
+    wrong, t = scheduler_warnings(True)
+    assert t.history[0].skipped and any(SCHEDULER_WARNING in m for m in wrong)
+    right, t = scheduler_warnings(False)
+    assert t.history[0].skipped and not right
+
+
+# -- the history -------------------------------------------------------------------------------
+
+
+def test_history_columns_rows_and_table():
+    h = trainer("fp16", inject_nonfinite=(2,)).fit(12)
+    assert History.columns == tuple(f for f in StepRecord.__dataclass_fields__)
+    assert History.columns == ("step", "loss", "scale", "skipped", "grad_norm", "clip_seen_norm",
+                               "applied_norm", "zero_frac", "lr", "ms")
+    assert len(h) == 12 and h["step"] == list(range(12)) and isinstance(h[3], StepRecord)
+    assert h[-1] is h.records[-1] and h.skipped == 1 and repr(h) == "History(12 steps, 1 skipped)"
+    assert all(math.isnan(v) for v in h["clip_seen_norm"])  # no clipping asked for
+    lines = h.table(every=5).splitlines()
+    assert lines[0].split() == ["step", "loss", "scale", "skipped", "grad_norm", "zero_frac"]
+    assert [line.split()[0] for line in lines[1:]] == ["0", "5", "10", "11"]
+    assert h.table(columns=("step", "skipped")).splitlines()[3].split() == ["2", "yes"]
+    assert "inf" in h.table(columns=("loss",)).splitlines()[3]
+    with pytest.raises(KeyError, match="history has columns"):
+        h["nope"]
+    with pytest.raises(KeyError, match="history has columns"):
+        h.table(columns=("step", "nope"))
+    with pytest.raises(ValueError, match="every must be a positive integer"):
+        h.table(every=0)
+
+
+def test_history_records_the_unscaled_loss_and_gradient_norm():
+    """The fp16 + scaler run's numbers are fp32's, not multiplied by the scale."""
+    fp32 = trainer("fp32").fit(3)
+    fp16 = trainer("fp16", init_scale=2.0**12).fit(3)
+    for a, b in zip(fp32, fp16):
+        assert b.loss == pytest.approx(a.loss, rel=2e-2)
+        assert b.grad_norm == pytest.approx(a.grad_norm, rel=5e-2)
+        assert b.scale == 2.0**12 and a.scale == 1.0
+
+
+def test_a_callable_loss_and_optimizer_are_used():
+    seen = []
+
+    def loss_fn(logits, y):
+        seen.append(logits.shape)
+        return torch.nn.functional.cross_entropy(logits, y)
+
+    t = trainer("fp32", loss_fn=loss_fn, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    t.fit(2)
+    assert seen == [torch.Size([32, 10])] * 2 and isinstance(t.optimizer, torch.optim.SGD)
