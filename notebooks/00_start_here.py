@@ -120,8 +120,7 @@ from amp_lessons.hardware import supported_precisions
 # %%
 [amp_lessons.parse_precision(n) for n in ("float16", "half", torch.bfloat16, "FP32", "tf32")]
 
-# %%
-# NBVAL_RAISES_EXCEPTION
+# %% tags=["raises-exception"]
 amp_lessons.parse_precision("fp61")
 
 # %% [markdown]

@@ -289,8 +289,7 @@ print("gradient dtypes:    ", {b.dtype for _, b in grads})
 # a 16-bit activation from the autocast region reaches a float32 `Linear` inside the
 # disabled region. What happens?
 
-# %%
-# NBVAL_RAISES_EXCEPTION
+# %% tags=["raises-exception"]
 head = nn.Linear(512, 10).to(device)
 with torch.autocast(device, dtype=dtype):
     h = mlp[0](x)  # 16-bit
@@ -334,8 +333,7 @@ class PlainMatmul(torch.autograd.Function):
 a = torch.randn(8, 16, device=device, requires_grad=True)
 b = torch.randn(16, 4, device=device, requires_grad=True)
 
-# %%
-# NBVAL_RAISES_EXCEPTION
+# %% tags=["raises-exception"]
 with torch.autocast(device, dtype=dtype):
     out = PlainMatmul.apply(a, b)
 out.float().sum().backward()  # outside autocast, as the card says

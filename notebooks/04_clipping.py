@@ -225,8 +225,7 @@ with torch.autocast(device.type, dtype=torch.float16):
 scaler.scale(loss).backward()
 scaler.unscale_(opt)
 
-# %%
-# NBVAL_RAISES_EXCEPTION
+# %% tags=["raises-exception"]
 scaler.unscale_(opt)
 
 # %% [markdown]

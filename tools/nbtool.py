@@ -42,23 +42,13 @@ def _ensure_kernelspec(nb) -> None:
     nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
 
 
-def _tag_expected_errors(nb) -> None:
-    """Cells marked NBVAL_RAISES_EXCEPTION are meant to raise: let nbconvert go on."""
+def _check_expected_errors(nb, nb_path: Path) -> None:
+    """A cell meant to raise carries the ``raises-exception`` tag (``# %% tags=["raises-exception"]``
+    in the .py pair): nbconvert, nbval and JupyterLab's Run All all go on past it. The
+    NBVAL_RAISES_EXCEPTION comment is not used: JupyterLab ignores it and stops Run All there."""
     for cell in nb.cells:
         if cell.cell_type == "code" and "NBVAL_RAISES_EXCEPTION" in cell.source:
-            tags = cell.metadata.setdefault("tags", [])
-            if "raises-exception" not in tags:
-                tags.append("raises-exception")
-
-
-def _untag_expected_errors(nb) -> None:
-    """nbval reads the NBVAL_RAISES_EXCEPTION comment; a tag as well makes it warn."""
-    for cell in nb.cells:
-        tags = cell.metadata.get("tags", [])
-        if "raises-exception" in tags:
-            tags.remove("raises-exception")
-            if not tags:
-                del cell.metadata["tags"]
+            raise SystemExit(f"{nb_path}: use the raises-exception tag, not the NBVAL_RAISES_EXCEPTION comment")
 
 
 def execute(nb_path: Path, timeout: int = 600) -> float:
@@ -66,13 +56,12 @@ def execute(nb_path: Path, timeout: int = 600) -> float:
     sync(nb_path)
     nb = nbformat.read(nb_path, as_version=4)
     _ensure_kernelspec(nb)
-    _tag_expected_errors(nb)
+    _check_expected_errors(nb, nb_path)
     start = time.perf_counter()
     ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
         nb, {"metadata": {"path": str(nb_path.parent)}}
     )
     seconds = time.perf_counter() - start
-    _untag_expected_errors(nb)
     nbformat.write(nb, nb_path)
     jupytext.write(nb, _pair(nb_path), fmt=FMT)
     return seconds
