@@ -105,7 +105,7 @@ class LabServer:
             "--ServerApp.shutdown_no_activity_timeout=900",
             "--MappingKernelManager.cull_idle_timeout=900",
         ]  # fmt: skip
-        log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        log = open(self.log_path, "w")  # closed in stop()
         self._log = log
         self.proc = subprocess.Popen(
             cmd, cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -156,7 +156,7 @@ class LabServer:
         if self.proc.poll() is None:
             try:
                 self.shutdown_kernels()
-            except Exception:  # noqa: BLE001 - stopping anyway
+            except Exception:  # stopping anyway
                 pass
             for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
                 try:
@@ -385,6 +385,7 @@ class Change:
     after: list[str]
     latency_s: float  # input event -> the last expected view updated
     digests: list[str]  # SHA-256 of each Image view's PNG after the change ('' for HTML)
+    before_digests: list[str]  # and before it
 
     def text(self, i: int = 0) -> str:
         """The i-th HTML view's text."""
@@ -402,6 +403,9 @@ def change_control(page, box, act, expect: list[int] | None = None, timeout: flo
     content in the last expected view. Fails when a view does not change within ``timeout``
     seconds, or when an error output or a log-console entry appears meanwhile.
     """
+    before_digests = box.evaluate(
+        "b => Promise.all(window.__amp.views(b).map(v => v.tagName === 'IMG' ? window.__amp.digest(v) : ''))"
+    )
     state = box.evaluate("(b, expect) => window.__amp.arm(b, expect)", expect)
     act(box)
     try:
@@ -436,6 +440,8 @@ def change_control(page, box, act, expect: list[int] | None = None, timeout: flo
             "the widget's callback wrote to JupyterLab's log console after the control changed "
             f"(a learner does not see it there):\n{log_console_text(page)[-2000:]}"
         )
+    if st["firstInput"] is None:
+        raise LabError("the view changed, but no input event (click, key, input) was seen first")
     latency = (max(st["changedAt"][i] for i in st["expect"]) - st["firstInput"]) / 1000
     page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
     page.wait_for_timeout(100)
@@ -443,7 +449,7 @@ def change_control(page, box, act, expect: list[int] | None = None, timeout: flo
     digests = page.evaluate(
         "() => Promise.all(window.__amp.armed.views.map(v => v.tagName === 'IMG' ? window.__amp.digest(v) : ''))"
     )
-    return Change(state["kinds"], state["before"], after, latency, digests)
+    return Change(state["kinds"], state["before"], after, latency, digests, before_digests)
 
 
 def log_console_text(page) -> str:
@@ -454,7 +460,7 @@ def log_console_text(page) -> str:
         panel.wait_for(timeout=5000)
         page.wait_for_timeout(500)
         return panel.inner_text()
-    except Exception as exc:  # noqa: BLE001 - the failure is reported either way
+    except Exception as exc:  # the failure is reported either way
         return f"(the log console could not be read: {exc})"
 
 

@@ -23,7 +23,6 @@ from _browser_lab import (
     LabServer,
     cell_output,
     change_control,
-    dropdown,
     find_chromium,
     find_widget,
     launch_chromium,
@@ -210,6 +209,25 @@ def redrawn(change: Change, page) -> None:
     assert all(change.digests[i] for i in change.images())
 
 
+def round_trip() -> tuple[Check, Check]:
+    """A pair of checks: the second step must bring back the images the first one left."""
+    start: list[str] = []
+
+    def there(change: Change, page) -> None:
+        redrawn(change, page)
+        assert change.digests != change.before_digests
+        start[:] = change.before_digests
+
+    def back(change: Change, page) -> None:
+        redrawn(change, page)
+        assert change.digests == start, "the same settings did not redraw the same image"
+
+    return there, back
+
+
+_there, _back = round_trip()  # 03: init_scale 2^17 and back to 2^16 (a deterministic rerun)
+
+
 @dataclass
 class Step:
     act: Callable  # changes a control with real input events (one event: one timing)
@@ -259,12 +277,13 @@ LESSONS = [
     ]),
     Lesson("03_grad_scaler", [
         WidgetCheck("init_scale", [
-            Step(slider_key("init_scale", "ArrowRight"), redrawn),
-            Step(slider_key("init_scale", "ArrowLeft"), redrawn),
+            Step(slider_key("init_scale", "ArrowRight"), _there),
+            Step(slider_key("growth_interval", "ArrowLeft"), redrawn),
+            Step(slider_key("growth_interval", "ArrowRight"), redrawn),
+            Step(slider_key("init_scale", "ArrowLeft"), _back),
         ]),
     ]),
 ]  # fmt: skip
-_ = dropdown  # for lessons whose control is a Dropdown
 
 
 def test_every_widget_in_the_lessons_is_checked_here():

@@ -271,6 +271,88 @@ def test_autocast_explorer_takes_the_notebooks_dtype():
 # --- 03_grad_scaler --------------------------------------------------------------------
 
 
+def _png_of(figure_fn) -> bytes:
+    """The PNG a figure view shows for ``figure_fn()``, rendered the way live() renders it."""
+    return shown_png(widgets.live([], figure_fn, figure=True))
+
+
+def test_scale_figure_draws_the_run_it_describes():
+    scale_figure = lesson_function("scale_figure")
+    from amp_lessons.scaling import scale_run
+
+    history, final = scale_run(2.0**16, 10, 25, 40, "cpu")
+    fig = scale_figure(16, 10, 25, 40, "cpu")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_yscale()) == ("optimizer step", "log")
+    line = next(ln for ln in ax.lines if ln.get_label() == "scale used by the step")
+    assert list(line.get_ydata()) == [*history["scale"], final]
+    assert history.skipped >= 1  # the injected inf at step 25 is skipped, at the least
+    assert (
+        history[25].skipped and history[26].scale == history[25].scale / 2
+    )  # and halves the scale
+    assert ax.get_title().startswith(f"{history.skipped} of 40 steps skipped")
+    assert "inf injected" in [ln.get_label() for ln in ax.lines]
+    no_inf = scale_figure(16, 10, -1, 40, "cpu").axes[0]
+    assert "inf injected" not in [ln.get_label() for ln in no_inf.lines]
+
+
+def test_scale_explorer_reruns_and_redraws_on_each_slider():
+    explorer = lesson_function("scale_explorer")
+    scale_figure = lesson_function("scale_figure")
+    box = explorer(device="cpu")
+    init, growth = control(box, "init_scale"), control(box, "growth_interval")
+    inject = control(box, "inf at step (-1: none)")
+    assert (init.value, growth.value, inject.value) == (16, 10, 25)
+    assert box.init_scale is init and box.growth_interval is growth and box.inject_at is inject
+    assert [label for label, _ in init.options][:2] == ["2^0", "2^1"]
+    start = shown_png(box)
+    assert start == _png_of(
+        lambda: scale_figure(16, 10, 25, 40, "cpu")
+    )  # rendering is deterministic
+    init.value = 10
+    assert shown_png(box) == _png_of(lambda: scale_figure(10, 10, 25, 40, "cpu"))
+    growth.value = 3
+    inject.value = -1
+    assert shown_png(box) == _png_of(lambda: scale_figure(10, 3, -1, 40, "cpu"))
+    init.value, growth.value, inject.value = 16, 10, 25
+    assert shown_png(box) == start
+
+
+def test_scale_figure_draws_the_scale_of_the_run_it_describes():
+    scale_figure = lesson_function("scale_figure")
+    from amp_lessons.scaling import scale_run
+
+    history, final = scale_run(2.0**4, 3, 7, steps=12)
+    # 2^4 overflows nothing: growth after 3 clean steps (x2 at 3 and 6), the inf at 7 halves
+    assert history["scale"][:8] == [16.0, 16.0, 16.0, 32.0, 32.0, 32.0, 64.0, 64.0]
+    assert [r.step for r in history if r.skipped] == [7]
+    fig = scale_figure(4, 3, 7, steps=12)
+    title = fig.axes[0].get_title()
+    assert (
+        title.startswith("1 of 12 steps skipped")
+        and f"now 2^{torch.tensor(final).log2().item():g}" in title
+    )
+
+
+def test_scale_explorer_reruns_and_redraws_on_each_control():
+    explorer = lesson_function("scale_explorer")
+    box = explorer(init_exponent=16, growth_interval=10, inject_at=25, steps=30)
+    init, growth, inject = (
+        control(box, "init_scale"),
+        control(box, "growth_interval"),
+        box.inject_at,
+    )
+    assert (init.value, growth.value, inject.value) == (16, 10, 25)
+    assert [label for label, _ in init.options][:2] == ["2^0", "2^1"] and len(init.options) == 25
+    first = shown_png(box)
+    seen = {first}
+    for c, value in ((init, 4), (growth, 3), (inject, -1)):
+        c.value = value
+        png = shown_png(box)
+        assert png not in seen, f"{c.description} did not redraw"
+        seen.add(png)
+
+
 # --- the API both ipywidgets 7.7.1 (Colab) and 8 provide ---------------------------------
 
 # Names and arguments that exist only in ipywidgets 8: on Colab (7.7.1) they raise or warn.

@@ -133,6 +133,98 @@ def check_dtype_predictions(predictions: dict, trace) -> Verdict:
 
 # --- 03_grad_scaler ------------------------------------------------------------------
 
+
+def amp_step_as_given(model, opt, scaler, scheduler, x, y) -> bool:
+    """03's exercise, as given: one fp16 training step with a GradScaler and an lr scheduler.
+
+    It should return True when GradScaler skipped the step, and step the scheduler only
+    when the optimizer really stepped. Two lines are wrong.
+    """
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return False
+
+
+def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Verdict:
+    """03: run the learner's ``step(model, opt, scaler, scheduler, x, y) -> skipped`` for
+    ``steps`` batches of the digits, an inf planted in the batches ``bad_batches`` (a corrupt
+    example), with AdamW, ``GradScaler(device)`` and ``StepLR``; check what it returns, the
+    weights, the optimizer's and the scheduler's step counts, and the lr_scheduler warning."""
+    import warnings
+
+    from .hardware import pick_device
+    from .scaling import SCHEDULER_WARNING, lesson_data, lesson_model, optimizer_steps
+
+    dev = pick_device(device)
+    model = lesson_model().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(dev.type)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    returned, skipped, unchanged, warned = [], [], [], []
+    for i in range(steps):
+        x, y = lesson_data().batch(i, 64)
+        if i in bad_batches:
+            x = x.clone()
+            x[0, 0] = float("inf")
+        before = [p.detach().clone() for p in model.parameters()]
+        scale = scaler.get_scale()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                answer = step(model, opt, scaler, scheduler, x.to(dev), y.to(dev))
+            except Exception as err:  # the learner's code: report it, do not crash the cell
+                return Verdict(False, [f"step {i} raised {type(err).__name__}: "
+                                       f"{str(err).splitlines()[0] if str(err) else ''}"])
+        warned += [str(w.message) for w in caught if SCHEDULER_WARNING in str(w.message)]
+        returned.append(answer)
+        skipped.append(scaler.is_enabled() and scaler.get_scale() < scale)
+        unchanged.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
+    findings, passed = [], True
+    truly = [i for i, s in enumerate(skipped) if s]
+    applied = steps - len(truly)
+    if truly != list(bad_batches):
+        passed = False
+        findings.append(f"GradScaler skipped steps {truly}; the batches with an inf were "
+                        f"{list(bad_batches)}: scale the loss with scaler.scale(loss) and step with "
+                        "scaler.step(opt), then scaler.update()")
+    else:
+        kept = all(unchanged[i] for i in truly)
+        passed &= kept
+        findings.append(f"GradScaler skipped steps {truly} (the batches with an inf)"
+                        + (", which left the weights unchanged" if kept else ", yet the weights changed"))
+    if any(not isinstance(a, (bool, torch.Tensor)) for a in returned):
+        passed = False
+        findings.append(f"step returned {[type(a).__name__ for a in returned][:3]}...; return a bool: "
+                        "True when the step was skipped")
+    else:
+        said = [i for i, a in enumerate(returned) if bool(a)]
+        if said == truly:
+            findings.append(f"it returns True exactly on the skipped steps {said}")
+        else:
+            passed = False
+            findings.append(f"it returns True on steps {said}, but the skipped steps were {truly}: "
+                            "a step was skipped when the scale after scaler.update() is lower "
+                            "than before it")
+    taken = optimizer_steps(opt)
+    findings.append(f"AdamW's own step count: {taken} of {steps} calls (a skipped step never reaches it)")
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        passed = False
+        findings.append("the weights now hold inf/NaN: a batch with an inf reached the optimizer")
+    if scheduler.last_epoch == applied and not warned:
+        findings.append(f"the scheduler stepped {scheduler.last_epoch} times, once per applied "
+                        "optimizer step, with no lr_scheduler warning")
+    else:
+        passed = False
+        findings.append(f"the scheduler stepped {scheduler.last_epoch} times for {applied} applied "
+                        "optimizer steps" + (" and warned: " + warned[0][:70] + "..." if warned else "")
+                        + "; call scheduler.step() only when the step was not skipped")
+    return Verdict(passed, findings)
+
 # --- 04_clipping ---------------------------------------------------------------------
 
 

@@ -154,6 +154,86 @@ def op_dtypes(traces: dict):
 
 # --- 03_grad_scaler ------------------------------------------------------------------
 
+
+def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
+    """03: the loss of several runs over the same steps, in one axes to compare them.
+
+    ``runs`` maps a label to a :class:`amp_lessons.training.History`. Losses are divided by
+    ``loss_weight`` (03's runs train on cross-entropy times ``2^-15``), so the axis reads
+    cross-entropy. Skipped steps (an inf loss) leave a gap. The title names the run that
+    ends highest and the one that ends lowest (mean of the last ``tail`` steps).
+    """
+    import math
+    import statistics
+
+    styles = [dict(color="#4c78a8", lw=4, alpha=0.4), dict(color="#e45756", lw=1.4),
+              dict(color="#f58518", lw=1.2, ls="--"), dict(color="#54a24b", lw=1.2, ls=":"),
+              dict(color="#b279a2", lw=1.2, ls="-.")]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ends = {}
+    for (label, h), style in zip(runs.items(), styles * len(runs)):
+        losses = [v / loss_weight if math.isfinite(v) else math.nan for v in h["loss"]]
+        ax.plot(h["step"], losses, label=label, **style)
+        finite = [v for v in losses[-tail:] if math.isfinite(v)]
+        ends[label] = statistics.fmean(finite) if finite else math.nan
+    k = math.log2(loss_weight)
+    weight = "" if loss_weight == 1.0 else f" (the loss / {f'2^{k:g}' if k == int(k) else f'{loss_weight:g}'})"
+    ax.set(xlabel="optimizer step", ylabel=f"training loss, cross-entropy{weight} (nats)")
+    ax.legend(frameon=False)
+    known = {k: v for k, v in ends.items() if math.isfinite(v)}
+    if len(known) >= 2:
+        hi, lo = max(known, key=known.get), min(known, key=known.get)
+        steps = max(len(h) for h in runs.values())
+        verb = "lags" if known[hi] > 1.2 * known[lo] else "ends close to the rest"
+        ax.set_title(f"after {steps} steps, {hi} {verb}: loss {known[hi]:.2f} vs {known[lo]:.2f} "
+                     f"({lo})", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
+
+def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=None):
+    """03: GradScaler's loss scale at each step (log2 axis), skipped steps marked with a red x.
+
+    ``history`` is a :class:`amp_lessons.training.History` of a run with a scaler;
+    ``final_scale`` the scale after its last step (``trainer.current_scale()``); ``injected``
+    the steps whose loss was made inf on purpose (dotted lines). The title counts the
+    skipped steps and the growths.
+    """
+    import math
+
+    from .scaling import scale_changes
+
+    steps, scales = history["step"], history["scale"]
+    end = final_scale if final_scale is not None else scales[-1]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 3.4))
+    else:
+        fig = ax.figure
+    ax.step([*steps, steps[-1] + 1], [*scales, end], where="post", color="#4c78a8", lw=1.6,
+            label="scale used by the step")
+    skipped = [r for r in history if r.skipped]
+    if skipped:
+        ax.plot([r.step for r in skipped], [r.scale for r in skipped], "x", color="#e45756", ms=9,
+                mew=2, label=f"skipped step ({len(skipped)})")
+    for i, step in enumerate(s for s in injected if 0 <= s < len(history)):
+        ax.axvline(step, color="0.4", ls=":", lw=1, label="inf injected" if i == 0 else None)
+    ax.set_yscale("log", base=2)
+    low, high = math.log2(min(*scales, end)), math.log2(max(*scales, end))
+    ax.set_ylim(2 ** (low - 1), 2 ** (high + 1))
+    ax.set(xlabel="optimizer step", ylabel="loss scale (log2 axis)")
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    grew = sum(kind == "grew" for _, kind, _, _ in scale_changes(history, end))
+    every = f" (every {growth_interval} clean steps)" if growth_interval else ""
+    ax.set_title(f"{len(skipped)} of {len(history)} steps skipped, each halving the scale; it grew "
+                 f"{grew} times{every}; now 2^{math.log2(end):g}", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
+
+
 # --- 04_clipping ---------------------------------------------------------------------
 
 

@@ -109,17 +109,17 @@ def flush_report(reference: torch.Tensor, other: torch.Tensor, name: str = "fp16
 def optimizer_steps(optimizer) -> int:
     """The steps the optimizer really applied, from its own counter (Adam's
     ``state[p]["step"]``): a step GradScaler skipped never reached the optimizer."""
+    if isinstance(optimizer, torch.optim.SGD):
+        raise ValueError("SGD keeps no step count; count the steps whose scale did not drop instead")
     for group in optimizer.param_groups:
         for p in group["params"]:
             state = optimizer.state.get(p, {})
             if "step" in state:
                 return int(state["step"])
-            if state:
-                break
-    if not any(optimizer.state.values()):
-        return 0
-    raise ValueError(f"{type(optimizer).__name__} keeps no step count; count the steps whose "
-                     "scale did not drop instead")
+    if any(optimizer.state.values()):
+        raise ValueError(f"{type(optimizer).__name__} keeps no step count; count the steps whose "
+                         "scale did not drop instead")
+    return 0  # no step applied yet
 
 
 def scale_changes(history, final_scale=None) -> list[tuple[int, str, float, float]]:

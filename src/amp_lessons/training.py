@@ -122,6 +122,8 @@ def _fmt(v) -> str:
         return str(v)
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return str(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e9:  # a loss scale: 65536, not 6.55e+04
+        return str(int(v))
     if isinstance(v, float) and v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
         return f"{v:.3g}"
     return f"{v:.4f}" if isinstance(v, float) else str(v)
@@ -217,15 +219,31 @@ def _check_scaler_settings(init_scale, growth_interval, growth_factor, backoff_f
                          f"skipped step); got {backoff_factor!r}")
 
 
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _count_zeros(grads) -> torch.Tensor:
     """How many gradient values are exactly zero, -0.0 included (a flushed negative value).
 
-    Counts the nonzero bit patterns of ``|g|`` seen as integers: on a CPU this is several
-    times faster than ``(g == 0).sum()``, which keeps the Trainer's bookkeeping cheap.
+    On a CPU, ``count_nonzero`` over the bits seen as integers reads each gradient once,
+    writes nothing, and is several times faster than ``(g == 0).sum()``: +0.0 is the
+    integer 0, and -0.0 the smallest integer, counted apart only where a gradient holds one.
+    This keeps the Trainer within a few percent of a bare loop (benchmarks/loop_overhead.py).
     """
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-    nonzero = torch.stack([torch.count_nonzero(g.abs().view(ints[g.element_size()])) for g in grads])
-    return sum(g.numel() for g in grads) - nonzero.sum()
+    nonzero = [torch.zeros((), dtype=torch.int64, device=g.device) for g in grads[:1]]
+    for g in grads:
+        if g.device.type != "cpu" or g.element_size() not in _BITS or g.numel() == 0:
+            nonzero.append(torch.count_nonzero(g))  # float compare: -0.0 == 0
+            continue
+        bits = g.view(_BITS[g.element_size()])
+        n = torch.count_nonzero(bits)
+        smallest = torch.iinfo(bits.dtype).min
+        if bits.min() == smallest:
+            n = n - torch.count_nonzero(bits == smallest)
+        nonzero.append(n)
+    if not nonzero:
+        return torch.zeros((), dtype=torch.int64)
+    return sum(g.numel() for g in grads) - torch.stack(nonzero).sum()
 
 
 class Trainer:

@@ -162,3 +162,32 @@ def autocast_explorer(device=None, precision: str = "bf16", model: str = "card_m
 
 
 # --- 03_grad_scaler ------------------------------------------------------------------
+
+
+def scale_figure(init_exponent: int = 16, growth_interval: int = 10, inject_at: int = -1,
+                 steps: int = 40, device=None):
+    """The scale plot of a short fp16 run (03's large-gradient loss) started at
+    ``2**init_exponent``, growing every ``growth_interval`` clean steps, with an inf injected
+    at step ``inject_at`` (-1: none). Pure: the widget below and the tests call it."""
+    from .plots import scale_plot
+    from .scaling import scale_run
+
+    history, final = scale_run(2.0**init_exponent, growth_interval, inject_at, steps, device)
+    return scale_plot(history, final, growth_interval, injected=(inject_at,))
+
+
+def scale_explorer(init_exponent: int = 16, growth_interval: int = 10, inject_at: int = 25,
+                   steps: int = 40, device=None):
+    """03's widget: pick GradScaler's starting scale, its growth interval and a step to make
+    the loss inf; a short fp16 training reruns and the scale plot redraws."""
+    wide = {"description_width": "initial"}
+    init = W.SelectionSlider(options=[(f"2^{k}", k) for k in range(25)], value=init_exponent,
+                             description="init_scale", continuous_update=False, style=wide)
+    growth = W.IntSlider(value=growth_interval, min=1, max=30, description="growth_interval",
+                         continuous_update=False, style=wide)
+    inject = W.IntSlider(value=inject_at, min=-1, max=steps - 1, description="inf at step (-1: none)",
+                         continuous_update=False, style=wide)
+    box = live([init, growth, inject],
+               lambda: scale_figure(init.value, growth.value, inject.value, steps, device), figure=True)
+    box.init_scale, box.growth_interval, box.inject_at = init, growth, inject
+    return box

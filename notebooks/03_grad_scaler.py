@@ -1,0 +1,391 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · GradScaler: scale the loss, unscale, skip the bad steps
+#
+# The card: *"float16 has more mantissa but a narrow range; small gradients underflow to
+# zero. Use `torch.amp.GradScaler`, which multiplies the loss by a large factor before
+# `backward()`, unscales before the step, and skips steps that produced inf or NaN."*
+# And: *"bfloat16 ... rarely underflows ... and needs no extra machinery."*
+#
+# This lesson trains the same small network in fp32, in fp16 without a scaler, in fp16
+# with one, and in bf16, and shows each of those sentences happen: the gradients fp16
+# flushes to zero, the run that falls behind, the scale GradScaler picks and changes, the
+# steps it skips, and two things that go wrong around it in real loops.
+
+# %%
+# Setup, the same in every lesson: on Colab, install the course package first.
+import importlib.util
+import subprocess
+import sys
+
+REPO = "https://github.com/amp-lessons/amp-lessons"
+if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
+    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+
+import torch
+
+import amp_lessons
+
+amp_lessons.seed_everything(0)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = amp_lessons.pick_device()
+report = amp_lessons.hardware_report()
+print(f"device {device} ({report.name}), torch {report.torch_version}")
+
+# %% [markdown]
+# ## A network with small gradients
+#
+# A 4-layer MLP learns the 8x8 handwritten digits with AdamW. A network this small has
+# large gradients; large networks have gradients far smaller (most of them below 2^-24,
+# float16's smallest subnormal, in NVIDIA's *Mixed Precision Training* paper). To see
+# what fp16 does to gradients that small on a laptop, this lesson multiplies the loss by
+# `LOSS_WEIGHT`: every gradient shrinks by the same factor. Adam's steps do not depend on
+# the size of the gradients, so in fp32 the run trains much as it would without the
+# weight; only where the gradients sit relative to fp16's range changes.
+
+# %%
+import math
+
+from amp_lessons.scaling import LESSON_SETTINGS, LOSS_WEIGHT, lesson_model
+
+print(lesson_model())
+print(LESSON_SETTINGS, f"| loss = cross-entropy x 2^{math.log2(LOSS_WEIGHT):.0f}")
+
+# %% [markdown]
+# ## Step 0, the same batch, three precisions
+#
+# `first_step_gradients` runs step 0 (same weights, same batch) and keeps every weight
+# gradient, in float32 after the backward pass, divided by the loss scale if there is one.
+# Comparing two precisions value by value, `flush_report` counts the gradients float32
+# computed as nonzero that the other precision made exactly zero.
+#
+# **Predict:** fp16 without a scaler, what share of the gradients does it lose?
+
+# %%
+from amp_lessons.hardware import supported_precisions
+from amp_lessons.scaling import first_step_gradients, flush_report
+
+can_run = supported_precisions(device)
+fp32 = first_step_gradients("fp32", device=device)
+fp16 = first_step_gradients("fp16", scaler=False, device=device)
+print(flush_report(fp32, fp16, "fp16"))
+
+# %% [markdown]
+# Some gradients are zero in fp32 too (the first share above): ReLU passes no gradient
+# where it was off. Everything fp16 adds to that is lost to its range. Why? Compare the sizes:
+
+# %%
+nonzero = fp32[fp32 != 0].abs()
+print(f"median |gradient| in fp32:     {nonzero.median().item():.2e}")
+print(f"fp16 smallest normal:          {torch.finfo(torch.float16).tiny:.2e}")
+print(f"fp16 smallest subnormal 2^-24: {2.0**-24:.2e}")
+print(f"fp32 gradients below 2^-25 (fp16 rounds them to 0): {(nonzero < 2.0**-25).float().mean().item():.1%}")
+
+# %% [markdown]
+# bfloat16 has float32's exponent range (its smallest normal is float32's), and a loss
+# scale moves fp16's gradients up into its range. **Predict** both reports:
+
+# %%
+print(f"bf16 smallest normal: {torch.finfo(torch.bfloat16).tiny:.2e} (fp32: {torch.finfo(torch.float32).tiny:.2e})")
+if can_run["bf16"] is None:
+    print(flush_report(fp32, first_step_gradients("bf16", device=device), "bf16"))
+else:
+    print("bf16 on this device:", can_run["bf16"])
+print(flush_report(fp32, first_step_gradients("fp16", scaler=True, device=device), "fp16+scaler"))
+
+# %% [markdown]
+# ## Does it matter for training?
+#
+# The same 100 steps in four ways. A gradient that is exactly zero moves nothing: Adam
+# can rescale a tiny gradient, but not a missing one. **Predict** which run falls behind.
+
+# %%
+from amp_lessons.scaling import lesson_trainer
+
+runs = {}
+for label, precision, scaler in [("fp32", "fp32", None), ("fp16, no scaler", "fp16", False),
+                                 ("fp16 + GradScaler", "fp16", True), ("bf16, no scaler", "bf16", None)]:
+    if can_run[precision] is None:
+        trainer = lesson_trainer(precision, scaler, device)
+        runs[label] = trainer.fit(100)
+        print(f"{label:<18} zero gradients at step 0: {runs[label][0].zero_frac:6.1%}   loss after 100 "
+              f"steps {runs[label]['loss'][-1] / LOSS_WEIGHT:.3f}   test accuracy {trainer.evaluate():.3f}")
+
+# %%
+from amp_lessons.plots import loss_curves
+
+loss_curves(runs, LOSS_WEIGHT)
+
+# %% [markdown]
+# Compare the curves with the zero shares printed above: fp16 alone falls behind while its
+# gradients are zero, since weights whose gradients vanished stay where they started. With
+# a GradScaler, fp16 follows fp32; so does bf16, with no scaler at all.
+#
+# ## GradScaler, line by line
+#
+# Here is one step of the recipe written out, on the same batch. First, `scaler.scale`
+# multiplies the loss by the scale (65536 to start with). **Predict** the scaled loss.
+
+# %%
+from amp_lessons.scaling import lesson_data, optimizer_steps, small_loss
+
+model = lesson_model().to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=LESSON_SETTINGS["lr"])
+scaler = torch.amp.GradScaler(device.type)  # always pass the device
+x, y = (t.to(device) for t in lesson_data().batch(0, LESSON_SETTINGS["batch_size"]))
+with torch.autocast(device.type, dtype=torch.float16):
+    loss = small_loss(model(x), y)
+scaled = scaler.scale(loss)
+print(f"loss {loss.item():.4e} x scale {scaler.get_scale():g} = {scaled.item():.4f}")
+
+# %% [markdown]
+# `backward()` runs on the scaled loss, outside autocast, so every gradient comes out
+# multiplied by the scale, high enough in fp16's range to survive. `unscale_` divides
+# them by the scale again, in float32, in place:
+
+# %%
+scaled.backward()
+first = model[0].weight.grad
+print(f"first layer's gradient, scaled:   largest |g| {first.abs().max().item():.3e}")
+scaler.unscale_(opt)
+print(f"first layer's gradient, unscaled: largest |g| {first.abs().max().item():.3e}")
+unscaled = torch.cat([p.grad.flatten().float().cpu() for p in model.parameters()])
+print(flush_report(fp32, unscaled, "fp16+scaler"))
+
+# %% [markdown]
+# Then `scaler.step(opt)` checks the gradients for inf/NaN (`unscale_` recorded it) and
+# calls `opt.step()` only if there is none; `scaler.update()` sets the next scale.
+
+# %%
+scaler.step(opt)
+scaler.update()
+print(f"scale now {scaler.get_scale():g}; AdamW has taken {optimizer_steps(opt)} step")
+
+# %% [markdown]
+# ## The scale over time
+#
+# `update()` halves the scale after a step with inf/NaN (`backoff_factor=0.5`) and
+# doubles it after `growth_interval` clean steps in a row (`growth_factor=2`; the
+# default interval is 2000 steps). Below, a run with `growth_interval=10`, and the loss
+# made inf on purpose at step 25 (`inject_nonfinite`, a teaching switch of the course's
+# `Trainer`). **Predict** the scale after step 40.
+
+# %%
+from amp_lessons.scaling import describe_scale_changes
+
+trainer = lesson_trainer("fp16", device=device, growth_interval=10, inject_nonfinite=(25,))
+history = trainer.fit(40)
+print(describe_scale_changes(history, trainer.current_scale()))
+
+# %%
+from amp_lessons.plots import scale_plot
+
+scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
+
+# %% [markdown]
+# ## How to tell a step was skipped
+#
+# GradScaler does not say so. Three signs, all readable in your own loop: the scale after
+# `update()` is lower than before it; the optimizer's own step count (Adam's
+# `state[p]["step"]`) did not move; the weights did not change.
+
+# %%
+from amp_lessons.training import History
+
+print(History(history[23:28]).table(columns=("step", "loss", "scale", "skipped")))
+print(f"{history.skipped} of {len(history)} steps skipped; AdamW took {optimizer_steps(trainer.optimizer)} steps")
+
+# %%
+trainer = lesson_trainer("fp16", device=device, inject_nonfinite=(3,))
+trainer.fit(3)
+before = [p.detach().clone() for p in trainer.model.parameters()]
+record = trainer.step()
+print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
+      f"{all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))}")
+
+# %% [markdown]
+# ## Why the first step is often skipped
+#
+# A scale can also be too large: a scaled gradient above 65504 overflows to inf. Real
+# losses are often summed, not averaged (over tokens, say), and their gradients are
+# large. Here is the same network with the cross-entropy summed over the batch of 64.
+# **Predict** what happens to steps 0 and 1.
+
+# %%
+from amp_lessons.scaling import summed_loss
+
+trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss)
+history = trainer.fit(8)
+print(history.table(columns=("step", "loss", "scale", "skipped")))
+
+# %%
+g = first_step_gradients("fp32", device=device, loss_fn=summed_loss).abs().max().item()
+print(f"largest |gradient| at step 0: {g:.3g}; times 65536: {g * 65536:,.0f}; "
+      f"fp16's largest value: {torch.finfo(torch.float16).max:,.0f}")
+
+# %% [markdown]
+# So GradScaler starts high (`init_scale=65536`) and halves on each overflow until the
+# gradients fit: a skipped first step or two is normal and costs nothing but the step.
+# A scale that keeps halving is not: the loss itself is inf/NaN at any scale, and the
+# `Trainer` stops with `ScaleCollapseError` instead of skipping forever.
+#
+# ## The lr_scheduler warning after a skipped step
+#
+# A common loop calls `scheduler.step()` every iteration. When GradScaler skips the
+# first step, `opt.step()` has not run yet, and PyTorch warns. The summed-loss run above
+# skips its first step; here it is with `StepLR` stepped every iteration
+# (`step_scheduler_on_skip=True`):
+
+# %%
+import textwrap
+
+from amp_lessons.scaling import scheduler_warnings
+
+messages, trainer = scheduler_warnings(step_scheduler_on_skip=True, steps=6, device=device)
+print(len(messages), "warning:")
+print(textwrap.fill(messages[0], 90))
+
+# %% [markdown]
+# The warning is right: the schedule moved on for a step that changed nothing. The fix is
+# to step the scheduler only when the optimizer stepped, which the scale tells:
+#
+# ```python
+# scale = scaler.get_scale()
+# scaler.step(opt)
+# scaler.update()
+# if scaler.get_scale() >= scale:  # not skipped
+#     scheduler.step()
+# ```
+#
+# The `Trainer` does this by default:
+
+# %%
+messages, trainer = scheduler_warnings(step_scheduler_on_skip=False, steps=6, device=device)
+print(f"{len(messages)} warnings; the scheduler stepped {trainer.scheduler.last_epoch} times, "
+      f"AdamW {optimizer_steps(trainer.optimizer)} times, in {len(trainer.history)} iterations")
+
+# %% [markdown]
+# ## Saving and restoring the scaler
+#
+# The scale is state, like the optimizer's moments. Save `scaler.state_dict()` with the
+# checkpoint and load it on resume. The summed-loss run above settled its scale:
+
+# %%
+state = trainer.scaler.state_dict()
+print(state)
+fresh = torch.amp.GradScaler(device.type)
+print(f"a new GradScaler starts at {fresh.get_scale():g}", end="; ")
+fresh.load_state_dict(state)
+print(f"after load_state_dict: {fresh.get_scale():g}")
+
+# %% [markdown]
+# Without it, a resumed run starts again at 65536 and skips its first steps again. The
+# `Trainer` saves the scaler with the model, optimizer, scheduler, RNG and history;
+# **predict**: does a run resumed halfway end exactly where an uninterrupted one does?
+
+# %%
+import tempfile
+from pathlib import Path
+
+
+def summed_run():
+    return lesson_trainer("fp16", device=device, loss_fn=summed_loss, growth_interval=5)
+
+
+whole = summed_run()
+whole.fit(20)
+with tempfile.TemporaryDirectory() as tmp:
+    half = summed_run()
+    half.fit(10)
+    resumed = summed_run().load(half.save(Path(tmp) / "run.pt"))
+resumed.fit(10)
+print(f"scale {whole.current_scale():g} vs {resumed.current_scale():g}; skipped {whole.history.skipped} "
+      f"vs {resumed.history.skipped}; same weights: "
+      f"{all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters()))}")
+
+# %% [markdown]
+# ## Try it: the scale explorer
+#
+# The widget reruns a short fp16 training of the summed-loss network (40 steps) and
+# redraws its scale: choose the starting scale, the growth interval, and a step whose
+# loss is made inf (-1: none). Start the scale low, or high; make the interval short, and
+# watch the scale grow into an overflow and back.
+
+# %%
+from amp_lessons.widgets import scale_explorer
+
+scale_explorer(device=device)
+
+# %% [markdown]
+# The picture under the sliders is drawn by `scale_figure`; here it is with a starting
+# scale of 2^20 and growth every 5 clean steps:
+
+# %%
+from amp_lessons.widgets import scale_figure
+
+scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
+
+# %% [markdown]
+# ## Remember
+#
+# - fp16 flushes gradients below 2^-24 to zero; a GradScaler multiplies the loss (so
+#   every gradient) by a scale, then `unscale_` divides them again in float32 before
+#   the step.
+# - `scaler.step(opt)` skips a step whose gradients hold inf/NaN, `scaler.update()`
+#   halves the scale after it and doubles it after `growth_interval` clean steps.
+# - A skipped step leaves the weights and the optimizer's step count as they were: the
+#   scale dropping is how you see it.
+# - bf16 has float32's range: no flushed gradients, no scaler.
+#
+# ## Watch out
+#
+# - The first steps of a run are often skipped while the scale falls from 65536: normal.
+#   A scale that keeps falling means inf/NaN at any scale: look at the data and the lr.
+# - Step the lr scheduler only when the step was not skipped, or PyTorch warns
+#   "Detected call of `lr_scheduler.step()` before `optimizer.step()`" and the schedule
+#   runs ahead of the training.
+# - Save and load `scaler.state_dict()` with your checkpoints.
+# - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
+#   warns and disables itself. Pass the device: `torch.amp.GradScaler(device.type)`.
+
+# %% [markdown]
+# ## Exercise: a step that knows it was skipped
+#
+# The step below trains in fp16 with a GradScaler and an lr scheduler. Two lines are
+# wrong: it always returns `False`, and it steps the scheduler even after a skipped step.
+
+# %%
+import inspect
+
+from amp_lessons.exercises import amp_step_as_given, check_amp_step
+
+print(inspect.getsource(amp_step_as_given))
+
+# %% [markdown]
+# Copy it into the cell below as `def my_step(model, opt, scaler, scheduler, x, y):`, and
+# make it return `True` exactly when GradScaler skipped the step and step the scheduler
+# only otherwise. The checker runs your step on six batches, two of them with an inf in
+# them, and checks what it returns, the weights, AdamW's and the scheduler's step counts
+# and the warning. As given, it checks the step above:
+
+# %%
+my_step = amp_step_as_given  # replace with your own: def my_step(model, opt, scaler, scheduler, x, y): ...
+
+check_amp_step(my_step, device)

@@ -1,0 +1,210 @@
+"""Lesson 03's configuration and readers (amp_lessons.scaling), its plots and its exercise.
+
+References: torch's own cross-entropy, hand-built gradient sets, an fp32 run of the same
+steps, the optimizer's step counter.
+"""
+
+import math
+
+import matplotlib.figure
+import pytest
+import torch
+from torch.nn import functional as F
+
+from amp_lessons.exercises import amp_step_as_given, check_amp_step
+from amp_lessons.plots import loss_curves, scale_plot
+from amp_lessons.scaling import (
+    LOSS_WEIGHT,
+    describe_scale_changes,
+    first_step_gradients,
+    flush_report,
+    lesson_data,
+    lesson_model,
+    lesson_trainer,
+    optimizer_steps,
+    scale_changes,
+    small_loss,
+    summed_loss,
+)
+from amp_lessons.training import History, StepRecord
+
+
+def test_the_lessons_losses_against_cross_entropy():
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(64, 10, generator=g), torch.randint(0, 10, (64,), generator=g)
+    assert small_loss(logits, y) == F.cross_entropy(logits, y) * 2.0**-15
+    assert summed_loss(logits, y) == pytest.approx(64 * F.cross_entropy(logits, y).item(), rel=1e-6)
+    assert LOSS_WEIGHT == 2.0**-15
+
+
+def test_lesson_model_is_the_same_every_call_and_leaves_the_global_rng_alone():
+    state = torch.get_rng_state()
+    a, b = lesson_model(), lesson_model()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert [m.out_features for m in a if isinstance(m, torch.nn.Linear)] == [64, 64, 64, 10]
+
+
+def test_flush_report_counts_values_lost_against_the_reference():
+    ref = torch.tensor([0.0, 1e-9, -2e-9, 3.0, 0.0, 5.0])
+    other = torch.tensor([0.0, 0.0, -0.0, 3.0, 1.0, 5.0])
+    r = flush_report(ref, other, "fp16")
+    assert (r.total, r.zero_reference, r.zero_other, r.flushed) == (6, 2, 3, 2)
+    assert r.flushed_fraction == pytest.approx(2 / 4)
+    assert str(r) == (
+        "6 gradient values; exactly zero: fp32 33.3%, fp16 50.0%; fp16 flushed 50.0% "
+        "of fp32's nonzero values"
+    )
+    with pytest.raises(ValueError, match="differ in shape"):
+        flush_report(ref, other[:3])
+
+
+def test_flush_report_against_a_direct_fp16_cast_of_the_fp32_gradients():
+    """What fp16 flushes in the backward pass is at least what a cast of fp32's values would."""
+    fp32 = first_step_gradients("fp32", device="cpu")
+    cast = fp32.to(torch.float16).float()
+    by_cast = flush_report(fp32, cast)
+    by_backward = flush_report(fp32, first_step_gradients("fp16", scaler=False, device="cpu"))
+    assert by_cast.flushed_fraction > 0.5
+    assert by_backward.flushed_fraction >= by_cast.flushed_fraction - 0.05
+
+
+def test_fp16_without_a_scaler_lags_and_with_one_follows_fp32():
+    runs = {}
+    for name, precision, scaler in (
+        ("fp32", "fp32", None),
+        ("fp16", "fp16", False),
+        ("scaled", "fp16", True),
+    ):
+        runs[name] = lesson_trainer(precision, scaler, "cpu", progress=False).fit(60)
+    end = {k: sum(h["loss"][-10:]) / 10 / LOSS_WEIGHT for k, h in runs.items()}
+    assert end["fp16"] > 1.5 * end["fp32"]
+    assert end["scaled"] == pytest.approx(end["fp32"], rel=0.05)
+    assert runs["scaled"].skipped == 0
+
+
+def test_optimizer_steps_reads_adams_counter_and_refuses_sgd():
+    t = lesson_trainer("fp16", device="cpu", inject_nonfinite=(1,), progress=False)
+    assert optimizer_steps(t.optimizer) == 0
+    t.fit(4)
+    assert optimizer_steps(t.optimizer) == 3 == int(t.optimizer.state[t.model[0].weight]["step"])
+    sgd = torch.optim.SGD(lesson_model().parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="SGD keeps no step count"):
+        optimizer_steps(sgd)
+
+
+def history_of(scales, skipped=()):
+    return History(
+        StepRecord(
+            i,
+            math.inf if i in skipped else 1.0,
+            s,
+            i in skipped,
+            1.0,
+            math.nan,
+            1.0,
+            0.0,
+            1e-3,
+            1.0,
+        )
+        for i, s in enumerate(scales)
+    )
+
+
+def test_scale_changes_reads_growth_and_halving_between_steps():
+    h = history_of([8.0, 8.0, 16.0, 16.0, 8.0, 8.0], skipped=(3,))
+    assert scale_changes(h, final_scale=16.0) == [
+        (1, "grew", 8.0, 16.0),
+        (3, "halved", 16.0, 8.0),
+        (5, "grew", 8.0, 16.0),
+    ]
+    assert scale_changes(h) == scale_changes(h, 8.0)[:2]
+    assert describe_scale_changes(h, 16.0).splitlines()[-1] == "1 of 6 steps skipped"
+
+
+def test_the_first_steps_of_the_summed_loss_overflow_at_65536():
+    g = first_step_gradients("fp32", device="cpu", loss_fn=summed_loss)
+    assert g.abs().max().item() * 2.0**16 > torch.finfo(torch.float16).max
+    h = lesson_trainer("fp16", device="cpu", loss_fn=summed_loss, progress=False).fit(3)
+    assert h[0].skipped and h["scale"][:2] == [65536.0, 32768.0]
+
+
+def test_loss_curves_title_names_the_lagging_run_and_leaves_gaps_for_skips():
+    runs = {"fast": history_of([1.0] * 20), "slow": history_of([1.0] * 20, skipped=(5,))}
+    for r in runs["fast"]:
+        r.loss = 0.5 * LOSS_WEIGHT
+    for r in runs["slow"]:
+        r.loss = math.inf if r.skipped else 2.0 * LOSS_WEIGHT
+    fig = loss_curves(runs, LOSS_WEIGHT)
+    assert isinstance(fig, matplotlib.figure.Figure)
+    ax = fig.axes[0]
+    assert ax.get_title() == "after 20 steps, slow lags: loss 2.00 vs 0.50 (fast)"
+    assert "2^-15" in ax.get_ylabel() and ax.get_xlabel() == "optimizer step"
+    assert math.isnan(ax.lines[1].get_ydata()[5])
+
+
+def test_scale_plot_marks_each_skipped_step():
+    h = history_of([4.0, 4.0, 8.0, 8.0, 4.0], skipped=(3,))
+    fig = scale_plot(h, final_scale=4.0, growth_interval=2, injected=(3,))
+    ax = fig.axes[0]
+    assert ax.get_title() == (
+        "1 of 5 steps skipped, each halving the scale; it grew 1 times "
+        "(every 2 clean steps); now 2^2"
+    )
+    marks = [line for line in ax.lines if line.get_marker() == "x"]
+    assert (
+        len(marks) == 1
+        and list(marks[0].get_xdata()) == [3]
+        and list(marks[0].get_ydata()) == [8.0]
+    )
+    assert ax.get_yscale() == "log" and "loss scale" in ax.get_ylabel()
+
+
+def test_the_exercise_as_given_fails_on_both_wrong_lines():
+    v = check_amp_step(amp_step_as_given, "cpu")
+    assert not v.passed
+    text = str(v)
+    assert "returns True on steps [], but the skipped steps were [0, 3]" in text
+    assert "the scheduler stepped 6 times for 4 applied optimizer steps and warned" in text
+
+
+def fixed_step(model, opt, scaler, scheduler, x, y):
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scale = scaler.get_scale()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler.get_scale() < scale
+    if not skipped:
+        scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return skipped
+
+
+def test_a_fixed_step_passes():
+    v = check_amp_step(fixed_step, "cpu")
+    assert v.passed, v
+    assert "AdamW's own step count: 4 of 6" in str(v)
+
+
+def test_a_step_without_the_scaler_fails_and_a_crash_is_reported():
+    def unscaled(model, opt, scaler, scheduler, x, y):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        scheduler.step()
+        opt.zero_grad()
+        return False
+
+    v = check_amp_step(unscaled, "cpu")
+    assert not v.passed and "the weights now hold inf/NaN" in str(v)
+
+    def broken(model, opt, scaler, scheduler, x, y):
+        raise RuntimeError("oops")
+
+    v = check_amp_step(broken, "cpu")
+    assert not v.passed and v.findings == ["step 0 raised RuntimeError: oops"]
+
+
+def test_lesson_data_is_loaded_once():
+    assert lesson_data() is lesson_data()
