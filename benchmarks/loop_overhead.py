@@ -83,14 +83,17 @@ def compare(precision, device, depth, width, batch_size, seconds, block_s=0.3, m
     hand = hand_loop(copy.deepcopy(model).to(device), data, precision, device, batch_size, lr)
     trainer.fit(1)  # warm-up: kernels, allocator, optimizer state
     hand(0, 1)
-    start = time.perf_counter()
-    trainer.fit(1)
-    hand(1, 1)
-    step_s = (time.perf_counter() - start) / 2
+    samples = []
+    for i in (1, 2):  # the step time, for the block size: the faster of a few steps
+        start = time.perf_counter()
+        hand(i, 1)
+        samples.append(time.perf_counter() - start)
+    trainer.fit(2)
+    step_s = min(samples)
     steps = max(1, round(block_s / step_s))
     pairs = max(min_pairs, round(seconds / (2 * steps * step_s)))
     times = {"trainer": [], "hand": []}
-    first = 2
+    first = 3
     for r in range(pairs):
         order = ("trainer", "hand") if r % 2 == 0 else ("hand", "trainer")
         for name in order:

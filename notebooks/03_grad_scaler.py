@@ -53,12 +53,13 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # ## A network with small gradients
 #
 # A 4-layer MLP learns the 8x8 handwritten digits with AdamW. A network this small has
-# large gradients; large networks have gradients far smaller (most of them below 2^-24,
-# float16's smallest subnormal, in NVIDIA's *Mixed Precision Training* paper). To see
-# what fp16 does to gradients that small on a laptop, this lesson multiplies the loss by
-# `LOSS_WEIGHT`: every gradient shrinks by the same factor. Adam's steps do not depend on
-# the size of the gradients, so in fp32 the run trains much as it would without the
-# weight; only where the gradients sit relative to fp16's range changes.
+# large gradients. Large networks have far smaller ones: in NVIDIA's *Mixed Precision
+# Training* paper, many activation gradients of a detection network lay below 2^-24,
+# float16's smallest subnormal. To see on a laptop what fp16 does to gradients that small,
+# this lesson multiplies the loss by `LOSS_WEIGHT`, which shrinks every gradient by the
+# same factor. Adam's steps hardly depend on the size of the gradients, so in fp32 the
+# run trains much as it would without the weight; what changes is where the gradients
+# sit in fp16's range.
 
 # %%
 import math
