@@ -22,6 +22,7 @@ from amp_lessons.training import (
     StepRecord,
     Trainer,
     _count_zeros,
+    _global_norm,
 )
 
 DATA = digits()
@@ -143,10 +144,24 @@ def test_zero_frac_is_the_exact_share_of_zero_gradient_values():
     assert t.fit(3)["zero_frac"] == counts
 
 
+def test_global_norm_is_clip_grad_norms_norm():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(300, 200, generator=g) * 1e-3, torch.randn(7, generator=g), torch.randn(3, 1, generator=g).t()]
+    reference = torch.nn.utils.get_total_norm(grads)
+    assert _global_norm(grads).item() == pytest.approx(reference.item(), rel=1e-6)
+    huge = [torch.full((4,), 1e20), torch.ones(3)]  # squares overflow float32, as in the clip
+    assert math.isinf(_global_norm(huge).item()) and math.isinf(torch.nn.utils.get_total_norm(huge).item())
+    assert math.isinf(_global_norm([torch.tensor([1.0, math.inf])]).item())
+    assert math.isnan(_global_norm([torch.tensor([1.0, math.nan])]).item())
+    assert _global_norm([]).item() == 0.0
+
+
 def test_count_zeros_counts_negative_zero_and_not_nan():
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         g = torch.tensor([0.0, -0.0, 1e-30, -1.0, float("nan"), float("inf"), 0.0], dtype=dtype)
         assert int(_count_zeros([g, g[:2], g[2:]])) == 2 * int((g == 0).sum())
+    mixed = [torch.tensor([-0.0, 1.0]), torch.tensor([0.0, -0.0, 2.0], dtype=torch.float16)]
+    assert int(_count_zeros(mixed)) == 3 and int(_count_zeros([torch.ones(3)])) == 0
 
 
 # -- checkpoints -------------------------------------------------------------------------------

@@ -180,13 +180,13 @@ def scale_explorer(init_exponent: int = 16, growth_interval: int = 10, inject_at
                    steps: int = 40, device=None):
     """03's widget: pick GradScaler's starting scale, its growth interval and a step to make
     the loss inf; a short fp16 training reruns and the scale plot redraws."""
-    wide = {"description_width": "initial"}
+    wide = {"style": {"description_width": "150px"}, "layout": W.Layout(width="520px")}  # aligned
     init = W.SelectionSlider(options=[(f"2^{k}", k) for k in range(25)], value=init_exponent,
-                             description="init_scale", continuous_update=False, style=wide)
+                             description="init_scale", continuous_update=False, **wide)
     growth = W.IntSlider(value=growth_interval, min=1, max=30, description="growth_interval",
-                         continuous_update=False, style=wide)
+                         continuous_update=False, **wide)
     inject = W.IntSlider(value=inject_at, min=-1, max=steps - 1, description="inf at step (-1: none)",
-                         continuous_update=False, style=wide)
+                         continuous_update=False, **wide)
     box = live([init, growth, inject],
                lambda: scale_figure(init.value, growth.value, inject.value, steps, device), figure=True)
     box.init_scale, box.growth_interval, box.inject_at = init, growth, inject
