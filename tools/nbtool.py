@@ -57,8 +57,10 @@ def execute(nb_path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(nb_path, as_version=4)
     _ensure_kernelspec(nb)
     _check_expected_errors(nb, nb_path)
+    for cell in nb.cells:  # no per-cell timestamps: they would make every re-run a diff
+        cell.metadata.pop("execution", None)
     start = time.perf_counter()
-    ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
+    ExecutePreprocessor(timeout=timeout, kernel_name="python3", record_timing=False).preprocess(
         nb, {"metadata": {"path": str(nb_path.parent)}}
     )
     seconds = time.perf_counter() - start

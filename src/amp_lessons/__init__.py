@@ -5,12 +5,17 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 
 - ``precision``  precision names (fp32, tf32, bf16, fp16), parsed in one place
 - ``hardware``   device, native vs emulated bf16, TF32, CPU ISA, recommended precision (00)
+- ``seeding``    seeds and RNG state (every lesson's setup cell; checkpoints)
 - ``formats``    bit layouts, rounding and underflow of fp32/tf32/bf16/fp16/fp8 (01)
 - ``trace``      which aten op ran in which dtype under autocast (02)
 - ``models``     the small models the lessons train and trace (02-05)
 - ``data``       the lessons' datasets, generated or shipped offline with scikit-learn
 - ``training``   the one training loop, its history and checkpoints (01, 03-05)
+- ``scaling``    lesson 03's configuration: small gradients, flush reports, scale changes
+- ``clipping``   lesson 04's clip orders, accumulation variants and the scaled-clip diagnostic
 - ``measure``    activation memory and step timing (05)
+- ``matmul``     matmul throughput per dtype and the TF32 error (05)
+- ``master``     why master weights stay float32: lost updates, Adam's eps in fp16 (05)
 - ``bench``      ``python -m amp_lessons bench`` (05)
 - ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
 """

@@ -295,9 +295,9 @@ def device_line(device) -> str:
 
 
 def _progress_bar(total: int, progress, desc: str = "bench"):
-    from .training import _progress_default
+    from .training import progress_enabled
 
-    if not (_progress_default() if progress is None else progress):
+    if not (progress_enabled() if progress is None else progress):
         return None
     from tqdm.auto import tqdm
 

@@ -197,7 +197,9 @@ def _rng_for_checkpoint() -> dict:
     return rng
 
 
-def _progress_default() -> bool:
+def progress_enabled() -> bool:
+    """Progress bars show unless AMP_LESSONS_PROGRESS=0 (set while stored outputs are made
+    and checked, whose text nbval compares). Used by the Trainer and ``bench``."""
     return os.environ.get("AMP_LESSONS_PROGRESS", "1") != "0"
 
 
@@ -306,7 +308,7 @@ class Trainer:
         self.inject_nonfinite = {int(s) for s in inject_nonfinite}
         self.loss_fn = loss_fn
         self.seed = seed
-        self.progress = _progress_default() if progress is None else progress
+        self.progress = progress_enabled() if progress is None else progress
         self.callbacks = list(callbacks)
         self.step_count = 0
         self.history = History()
