@@ -40,7 +40,7 @@ def simulate_gpu(monkeypatch, name, cc):
     "avx512_bf16, amx, precision, words",
     [
         (True, True, "bf16", "AMX"),
-        (True, False, "fp32", "not expected to speed this CPU up"),
+        (True, False, "fp32", "not expected to be reliably faster than fp32"),
         (False, False, "fp32", "no AVX512-BF16, no AMX"),
     ],
     ids=["cpu-amx", "cpu-avx512bf16", "cpu-plain"],

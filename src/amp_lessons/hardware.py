@@ -176,9 +176,11 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
     if avx512_bf16:
         return ("fp32", False,
                 "CPU with AVX512-BF16 but no AMX: bf16 autocast halves the activation memory "
-                "saved for backward, but is not expected to speed this CPU up (bf16 matmul "
-                "kernels can be slower than fp32 here; lesson 05 measures it). Choose bf16 "
-                "when memory is the limit.")
+                "saved for backward, but is not expected to be reliably faster than fp32 (no "
+                "16-bit matrix units; the gain depends on the model and on torch's bf16 kernels "
+                "for this CPU: lesson 05 and `python -m amp_lessons bench` measure it here). "
+                "Choose bf16 when memory is the limit or the bench shows a gain; avoid fp16 on "
+                "CPUs, whose matmul kernels are often far slower.")
     return ("fp32", False,
             "CPU without native bf16 instructions (no AVX512-BF16, no AMX): 16-bit math is "
             "emulated and slower than fp32; autocast would only save activation memory.")
