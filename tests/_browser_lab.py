@@ -196,7 +196,7 @@ _PAGE_JS = r"""
       if (amp.armed && amp.armed.firstInput === null) amp.armed.firstInput = performance.now();
     }, true);
   }
-  amp.views = (box) => Array.from(box.querySelectorAll('.widget-html, img'));
+  amp.views = (box) => Array.from(box.querySelectorAll('.widget-html:not(.amp-render-error), img'));
   amp.content = (view) => {
     if (view.tagName === 'IMG') return view.getAttribute('src') || '';
     const inner = view.querySelector('.widget-html-content');

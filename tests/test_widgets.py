@@ -76,7 +76,7 @@ def test_live_shows_text_and_follows_every_control():
         return f"a={a.value} b={b.value} <&>"
 
     box = widgets.live([a, b], render)
-    assert isinstance(box, W.VBox) and list(box.children) == [a, b, box.view]
+    assert isinstance(box, W.VBox) and list(box.children) == [a, b, box.view, box.error]
     assert shown_text(box) == "a=1 b=x <&>"  # escaped in the HTML, read back as typed
     a.value = 7
     assert shown_text(box) == "a=7 b=x <&>"
@@ -393,3 +393,26 @@ def test_running_ipywidgets_version():
     expected = os.environ.get("AMP_LESSONS_EXPECT_IPYWIDGETS")
     if expected:
         assert W.__version__ == expected
+
+
+def test_live_shows_a_render_error_under_the_view_and_clears_it():
+    import ipywidgets as W
+    import pytest
+
+    from amp_lessons.widgets import live
+
+    box_value = W.IntSlider(value=1, min=0, max=3)
+
+    def render():
+        if box_value.value == 0:
+            raise ValueError("loss scale must be a positive finite number; got 0")
+        return f"value {box_value.value}"
+
+    box = live([box_value], render)
+    assert box.error.value == "" and "value 1" in box.view.value
+    with pytest.raises(ValueError):
+        box_value.value = 0
+    assert "ValueError: loss scale must be a positive finite number; got 0" in box.error.value
+    assert "value 1" in box.view.value  # the last good view stays
+    box_value.value = 2
+    assert box.error.value == "" and "value 2" in box.view.value

@@ -32,18 +32,30 @@ def live(controls: list, render, figure: bool = False, layout=W.VBox):
     ``render`` takes no arguments and returns text (shown in an HTML <pre>) or, with
     ``figure=True``, a matplotlib Figure (shown as a PNG Image). Value-based views, not an
     Output widget, so the same code renders in JupyterLab, Colab (ipywidgets 7.7) and under
-    nbval. The box gets ``.view`` and ``.refresh()`` for tests.
+    nbval. If ``render`` raises, the error is shown in red under the view (JupyterLab
+    would otherwise only log it) and re-raised. The box gets ``.view``, ``.error`` and
+    ``.refresh()`` for tests.
     """
     view = W.Image(format="png") if figure else W.HTML()
+    error = W.HTML()
+    error.add_class("amp-render-error")  # not a view: browser tests skip it
 
     def refresh(_change=None):
-        _show(view, render())
+        try:
+            result = render()
+        except Exception as err:
+            error.value = ("<pre style='color:#b00020'>" + html.escape(f"{type(err).__name__}: {err}")
+                           + "</pre>")
+            raise
+        error.value = ""
+        _show(view, result)
 
     for c in controls:
         c.observe(refresh, names="value")
     refresh()
-    box = layout([*controls, view])
+    box = layout([*controls, view, error])
     box.view = view
+    box.error = error
     box.refresh = refresh
     return box
 
