@@ -244,7 +244,8 @@ def _count_zeros(grads) -> torch.Tensor:
     On a CPU, ``count_nonzero`` over the bits seen as integers reads each gradient once,
     writes nothing, and is several times faster than ``(g == 0).sum()``: +0.0 is the
     integer 0, and -0.0 the smallest integer, counted apart only where a gradient holds one.
-    This keeps the Trainer within a few percent of a bare loop (benchmarks/loop_overhead.py).
+    With the norm, this read of every gradient is most of what the Trainer adds to a step:
+    a cost that grows with the parameters, not the batch (benchmarks/loop_overhead.py).
     """
     if not grads:
         return torch.zeros((), dtype=torch.int64)
