@@ -289,12 +289,15 @@ print("gradient dtypes:    ", {b.dtype for _, b in grads})
 # a 16-bit activation from the autocast region reaches a float32 `Linear` inside the
 # disabled region. What happens?
 
-# %% tags=["raises-exception"]
+# %%
+from amp_lessons.show import expect_error
+
 head = nn.Linear(512, 10).to(device)
-with torch.autocast(device, dtype=dtype):
-    h = mlp[0](x)  # 16-bit
-    with torch.autocast(device, enabled=False):
-        out = head(h)
+with expect_error(RuntimeError):
+    with torch.autocast(device, dtype=dtype):
+        h = mlp[0](x)  # 16-bit
+        with torch.autocast(device, enabled=False):
+            out = head(h)
 
 # %% [markdown]
 # Disabling autocast does not cast anything back: `h` is still 16-bit, the weight is
@@ -333,10 +336,11 @@ class PlainMatmul(torch.autograd.Function):
 a = torch.randn(8, 16, device=device, requires_grad=True)
 b = torch.randn(16, 4, device=device, requires_grad=True)
 
-# %% tags=["raises-exception"]
-with torch.autocast(device, dtype=dtype):
-    out = PlainMatmul.apply(a, b)
-out.float().sum().backward()  # outside autocast, as the card says
+# %%
+with expect_error(RuntimeError):
+    with torch.autocast(device, dtype=dtype):
+        out = PlainMatmul.apply(a, b)
+    out.float().sum().backward()  # outside autocast, as the card says
 
 # %% [markdown]
 # The forward's matmul ran in 16-bit, so `grad` is 16-bit, but the saved inputs are

@@ -225,8 +225,11 @@ with torch.autocast(device.type, dtype=torch.float16):
 scaler.scale(loss).backward()
 scaler.unscale_(opt)
 
-# %% tags=["raises-exception"]
-scaler.unscale_(opt)
+# %%
+from amp_lessons.show import expect_error
+
+with expect_error(RuntimeError):
+    scaler.unscale_(opt)
 
 # %% [markdown]
 # This error usually comes from gradient accumulation, with `unscale_` inside the

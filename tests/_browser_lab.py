@@ -278,8 +278,8 @@ def open_notebook(context, server: LabServer, notebook: str, timeout: float = 90
 def run_all(page, timeout: float = 120) -> float:
     """Run > Run All Cells, wait for every cell to finish; return the seconds taken.
 
-    Fails when Run All did not reach the last cell (JupyterLab stops at the first error
-    unless the cell carries the ``raises-exception`` tag), naming the error it stopped at.
+    Fails when Run All did not reach the last cell (JupyterLab stops at the first error),
+    naming the error it stopped at.
     """
     page.evaluate(
         """() => {
@@ -326,8 +326,8 @@ def run_all(page, timeout: float = 120) -> float:
         )
         raise LabError(
             f"Run All Cells did not run code cells {not_run} of {len(prompts)} (prompts {prompts}). "
-            "JupyterLab stops Run All at an error unless the cell carries the 'raises-exception' "
-            f"tag; code cell {not_run[0] - 1} shows:\n{error[-1500:] or '(no error output)'}"
+            "JupyterLab stops Run All at an error (a cell that fails on purpose wraps its code in "
+            f"amp_lessons.show.expect_error); code cell {not_run[0] - 1} shows:\n{error[-1500:] or '(no error output)'}"
         )
     return seconds
 

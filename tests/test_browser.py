@@ -36,7 +36,6 @@ from _browser_lab import (
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts"
-RAISES_TAG = "raises-exception"  # JupyterLab's Run All goes on past a cell with this tag
 RESPONSIVE_S = 1.0  # a widget must redraw within this, at the lesson's default sizes
 
 
@@ -48,57 +47,6 @@ def _missing(what: str) -> None:
     if _in_ci():
         pytest.fail(f"{what} (CI=true: the browser tests must run)")
     pytest.skip(what)
-
-
-# --- Run All and the cells meant to raise -------------------------------------------
-
-
-def cells_meant_to_raise(nb) -> list[int]:
-    """Code cells (0-based among code cells) that are meant to raise: marked for nbval, or
-    stored with an error output."""
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    return [
-        i
-        for i, c in enumerate(code)
-        if "NBVAL_RAISES_EXCEPTION" in c.source or any(o.output_type == "error" for o in c.outputs)
-    ]
-
-
-def untagged_cells_meant_to_raise(nb) -> list[int]:
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    return [
-        i for i in cells_meant_to_raise(nb) if RAISES_TAG not in code[i].metadata.get("tags", [])
-    ]
-
-
-def tag_cells_meant_to_raise(path: Path) -> list[int]:
-    """Give the copy the tag the stored lesson should carry, so that the widget checks run
-    while test_run_all_goes_past_every_cell_meant_to_raise reports the stored lesson."""
-    nb = nbformat.read(path, as_version=4)
-    missing = untagged_cells_meant_to_raise(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    for i in missing:
-        code[i].metadata.setdefault("tags", []).append(RAISES_TAG)
-    if missing:
-        nbformat.write(nb, path)
-    return missing
-
-
-def test_run_all_goes_past_every_cell_meant_to_raise():
-    """JupyterLab's Run All stops at the first error, and the kernel drops every queued cell
-    (test_checker_fails_when_run_all_stops_early shows it), unless the cell is tagged
-    raises-exception: without the tag, a learner's Run All never reaches the widgets."""
-    untagged = []
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        code = [c for c in nb.cells if c.cell_type == "code"]
-        for i in untagged_cells_meant_to_raise(nb):
-            line = next((x for x in code[i].source.splitlines() if not x.startswith("#")), "")
-            untagged.append(f"{path.name} code cell {i + 1}: {line.strip()}")
-    assert not untagged, (
-        f"JupyterLab's Run All stops at these cells, which raise on purpose but lack the "
-        f"'{RAISES_TAG}' cell tag:\n  " + "\n  ".join(untagged)
-    )
 
 
 # --- fixtures: one JupyterLab server and one Chromium for the whole module -----------
@@ -118,7 +66,6 @@ def lab(tmp_path_factory, chromium):
     root = tmp_path_factory.mktemp("lessons")
     for nb in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"):
         shutil.copy2(nb, root / nb.name)
-        tag_cells_meant_to_raise(root / nb.name)  # a no-op once the stored lesson has the tags
     server = LabServer(root, home=tmp_path_factory.mktemp("jupyter-home"))
     try:
         server.start()

@@ -86,6 +86,18 @@ def test_every_notebook_has_a_kernelspec_and_a_jupytext_pair():
         assert nb_path.with_suffix(".py").exists(), f"{nb_path.name} has no .py pair"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_lesson_stops_run_all(path):
+    """Colab's, VS Code's and the classic notebook's "Run all" stop at the first error,
+    whatever the cell's tags: a cell that fails on purpose uses expect_error and prints."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    errors = [i + 1 for i, c in enumerate(code) if any(o.output_type == "error" for o in c.outputs)]
+    tagged = [i + 1 for i, c in enumerate(code) if "raises-exception" in c.metadata.get("tags", [])
+              or "NBVAL_RAISES_EXCEPTION" in c.source]
+    assert not errors and not tagged, f"code cells with an error output {errors}, tagged to raise {tagged}"
+
+
 def test_no_deprecated_amp_api_anywhere():
     pattern = re.compile(r"torch\.(cuda|cpu)\.amp\.(GradScaler|autocast|custom_fwd|custom_bwd)")
     files = [*ROOT.glob("src/**/*.py"), *ROOT.glob("notebooks/*.py"), *ROOT.glob("benchmarks/*.py")]

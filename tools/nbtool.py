@@ -43,12 +43,16 @@ def _ensure_kernelspec(nb) -> None:
 
 
 def _check_expected_errors(nb, nb_path: Path) -> None:
-    """A cell meant to raise carries the ``raises-exception`` tag (``# %% tags=["raises-exception"]``
-    in the .py pair): nbconvert, nbval and JupyterLab's Run All all go on past it. The
-    NBVAL_RAISES_EXCEPTION comment is not used: JupyterLab ignores it and stops Run All there."""
+    """A cell that fails on purpose wraps its code in ``amp_lessons.show.expect_error``, so
+    the lesson runs without an error in every frontend. The ``raises-exception`` tag and
+    nbval's NBVAL_RAISES_EXCEPTION comment are refused: Colab's "Run all" stops at a raising
+    cell whatever its tags say."""
     for cell in nb.cells:
-        if cell.cell_type == "code" and "NBVAL_RAISES_EXCEPTION" in cell.source:
-            raise SystemExit(f"{nb_path}: use the raises-exception tag, not the NBVAL_RAISES_EXCEPTION comment")
+        if cell.cell_type != "code":
+            continue
+        if "NBVAL_RAISES_EXCEPTION" in cell.source or "raises-exception" in cell.metadata.get("tags", []):
+            raise SystemExit(f"{nb_path}: a cell raises on purpose; wrap its code in "
+                             "`with expect_error(...)` (amp_lessons.show) instead of tagging it")
 
 
 def execute(nb_path: Path, timeout: int = 600) -> float:

@@ -18,6 +18,7 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``master``     why master weights stay float32: lost updates, Adam's eps in fp16 (05)
 - ``bench``      ``python -m amp_lessons bench`` (05)
 - ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
+- ``show``       ``expect_error``: a cell that fails on purpose prints and goes on (00, 02, 04)
 """
 
 from .hardware import hardware_report, pick_device
