@@ -20,8 +20,10 @@ recipe written out by hand with nothing else::
 Blocks of about 0.3 s alternate between the two loops (which one goes first alternates too)
 for ``--seconds`` per row (at least 7 pairs). The table gives the median ms per step of
 each; ``+ms``, the median of the differences of neighbouring blocks (what the Trainer adds
-to a step); ``ratio``, the median of their ratios (the figure judged against the budget);
-and ``best``, the ratio of the two fastest blocks (the least disturbed by other processes).
+to a step); ``ratio``, the median of their ratios (the figure judged against the budget),
+and the ``quartiles`` of those ratios (how far one run can be trusted: on a machine shared
+with other processes they spread by a few percent); and ``best``, the ratio of the two
+fastest blocks (the least disturbed by other processes).
 On a busy machine add ``--threads 1``: one thread is slowed less by other processes than
 two that wait for each other.
 
@@ -119,7 +121,7 @@ def compare(precision, device, depth, width, batch_size, seconds, block_s=0.3, m
     extra = [t - h for t, h in zip(times["trainer"], times["hand"])]
     return {"precision": precision, "batch": batch_size, "hand_ms": statistics.median(times["hand"]),
             "trainer_ms": statistics.median(times["trainer"]), "extra_ms": statistics.median(extra),
-            "ratio": statistics.median(ratios),
+            "ratio": statistics.median(ratios), "quartiles": statistics.quantiles(ratios, n=4)[::2],
             "best_ratio": min(times["trainer"]) / min(times["hand"]),
             "pairs": pairs, "steps": steps, "skipped": trainer.history.skipped}
 
@@ -141,8 +143,8 @@ def main(argv=None) -> int:
     params = sum(p.numel() for p in mlp(args.width, args.width, 10, depth=args.depth).parameters())
     print(f"{args.depth}x{args.width} MLP ({params / 1e6:.1f} M parameters), {device}, "
           f"{torch.get_num_threads()} threads; medians of interleaved blocks")
-    print(f"{'batch':>5}  {'precision':<10}{'hand ms':>9}{'Trainer ms':>12}{'+ms':>7}{'ratio':>8}{'best':>7}"
-          f"{'blocks':>14}  within {BUDGET:.0%}")
+    print(f"{'batch':>5}  {'precision':<10}{'hand ms':>9}{'Trainer ms':>12}{'+ms':>7}{'ratio':>8}"
+          f"{'quartiles':>14}{'best':>7}{'blocks':>14}  within {BUDGET:.0%}")
     worst = 0.0
     for batch in args.batch:
         for p in args.precisions:
@@ -152,8 +154,9 @@ def main(argv=None) -> int:
             row = compare(p, device, args.depth, args.width, batch, args.seconds)
             worst = max(worst, row["ratio"])
             blocks = f"{row['pairs']}x{row['steps']} steps"
+            quartiles = "{:.3f}-{:.3f}".format(*row["quartiles"])
             print(f"{batch:>5}  {p:<10}{row['hand_ms']:>9.1f}{row['trainer_ms']:>12.1f}{row['extra_ms']:>7.2f}"
-                  f"{row['ratio']:>8.3f}{row['best_ratio']:>7.3f}{blocks:>14}  "
+                  f"{row['ratio']:>8.3f}{quartiles:>14}{row['best_ratio']:>7.3f}{blocks:>14}  "
                   f"{'yes' if row['ratio'] <= 1 + BUDGET else 'NO'}", flush=True)
     print(f"worst ratio {worst:.3f}: the Trainer adds {max(0.0, worst - 1):.1%} to a step")
     return 0

@@ -42,6 +42,8 @@ def test_compare_interleaves_blocks_and_reports_medians():
                                 seconds=0.05, block_s=0.005, min_pairs=3)
     assert row["pairs"] >= 3 and row["steps"] >= 1 and row["batch"] == 8
     assert row["hand_ms"] > 0 and row["trainer_ms"] > 0 and row["ratio"] > 0
+    low, high = row["quartiles"]
+    assert low <= row["ratio"] <= high
     assert row["skipped"] == 0
 
 
