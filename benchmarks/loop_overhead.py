@@ -1,8 +1,8 @@
 """What the course's Trainer costs over the card's hand-written loop (a benchmark, not a test).
 
-    python benchmarks/loop_overhead.py                      # 4x1024 MLP, batch 256, fp32/bf16/fp16
-    python benchmarks/loop_overhead.py --batch 256 512 --precisions bf16 fp32
-    python benchmarks/loop_overhead.py --threads 1 --seconds 60
+    python benchmarks/loop_overhead.py                # 4x1024 MLP, batch 256 and 512, fp32/bf16/fp16
+    python benchmarks/loop_overhead.py --batch 256 --precisions bf16 fp32 --seconds 60
+    python benchmarks/loop_overhead.py --threads 1
 
 Both loops take turns training one model, with one optimizer and one GradScaler, on the
 same batches, in the same precision and process, so the weights, the optimizer state and
@@ -23,9 +23,9 @@ each; ``+ms``, the median of the differences of neighbouring blocks (what the Tr
 to a step); ``ratio``, the median of their ratios (the figure judged against the budget),
 and the ``quartiles`` of those ratios (how far one run can be trusted: on a machine shared
 with other processes they spread by a few percent); and ``best``, the ratio of the two
-fastest blocks (the least disturbed by other processes).
-On a busy machine add ``--threads 1``: one thread is slowed less by other processes than
-two that wait for each other.
+fastest blocks (the least disturbed by other processes). On a busy machine add
+``--threads 1``: one thread is slowed less by other processes than two that wait for each
+other.
 
 Why a 4x1024 MLP: one step is 4.2 M weights x rows x 6 FLOPs for forward + backward (6.4
 GFLOP at batch 256), tens of milliseconds on a CPU, so what is compared is the loop's
@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None, help="auto (default), cpu, cuda")
     parser.add_argument("--depth", type=int, default=4, help="hidden layers (default 4)")
     parser.add_argument("--width", type=int, default=1024, help="input and hidden width (default 1024)")
-    parser.add_argument("--batch", type=int, nargs="+", default=[256], help="rows per step (default 256)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[256, 512],
+                        help="rows per step, one table row each (default 256 512)")
     parser.add_argument("--seconds", type=float, default=20.0, help="time per row of the table (default 20)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args(argv)
