@@ -45,8 +45,8 @@ def _ensure_kernelspec(nb) -> None:
 def _check_expected_errors(nb, nb_path: Path) -> None:
     """A cell that fails on purpose wraps its code in ``amp_lessons.show.expect_error``, so
     the lesson runs without an error in every frontend. The ``raises-exception`` tag and
-    nbval's NBVAL_RAISES_EXCEPTION comment are refused: Colab's "Run all" stops at a raising
-    cell whatever its tags say."""
+    nbval's NBVAL_RAISES_EXCEPTION comment are refused: they are conventions of JupyterLab
+    and nbval that not every frontend follows (Colab does not document them)."""
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue

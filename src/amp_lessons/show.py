@@ -2,10 +2,11 @@
 
 ``with expect_error(ValueError): ...`` runs the block, prints the error it raises the way
 a traceback's last line reads, and lets the notebook go on. A raising cell stops "Run all"
-in Colab, VS Code and the classic notebook (only JupyterLab and nbval honour the
-``raises-exception`` cell tag), so a lesson that raised on purpose would end there for
-most learners. A block that raises nothing, or another kind of error, is itself an error:
-the lesson would be showing something other than what its text says.
+there, and the ``raises-exception`` cell tag that lets JupyterLab and nbval go on past it
+is a convention that not every frontend follows (Colab does not document it), so a lesson
+that raised on purpose could end there for a learner. A block that raises nothing, or
+another kind of error, is itself an error: the lesson would be showing something other
+than what its text says.
 """
 
 from __future__ import annotations
