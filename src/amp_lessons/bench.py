@@ -295,13 +295,9 @@ def device_line(device) -> str:
 
 
 def _progress_bar(total: int, progress, desc: str = "bench"):
-    from .training import progress_enabled
+    from .progress import bar
 
-    if not (progress_enabled() if progress is None else progress):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False)
+    return bar(total, desc, progress)
 
 
 def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | None = None,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, fields
@@ -28,8 +27,10 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from . import progress
 from .hardware import resolve
 from .precision import dtype_of, float32_matmul_precision, needs_scaler, uses_autocast
+from .progress import progress_enabled
 from .seeding import rng_state, seed_everything, set_rng_state
 
 CHECKPOINT_FORMAT = "amp-lessons-checkpoint/1"
@@ -197,12 +198,6 @@ def _rng_for_checkpoint() -> dict:
     return rng
 
 
-def progress_enabled() -> bool:
-    """Progress bars show unless AMP_LESSONS_PROGRESS=0 (set while stored outputs are made
-    and checked, whose text nbval compares). Used by the Trainer and ``bench``."""
-    return os.environ.get("AMP_LESSONS_PROGRESS", "1") != "0"
-
-
 def _check_positive(name, value, integer=False):
     ok = isinstance(value, int) and not isinstance(value, bool) if integer else isinstance(value, (int, float))
     if not ok or not math.isfinite(value) or value <= 0:
@@ -309,7 +304,7 @@ class Trainer:
         self.inject_nonfinite = {int(s) for s in inject_nonfinite}
         self.loss_fn = loss_fn
         self.seed = seed
-        self.progress = progress_enabled() if progress is None else progress
+        self.progress = progress_enabled(progress)
         self.callbacks = list(callbacks)
         self.step_count = 0
         self.history = History()
@@ -422,11 +417,7 @@ class Trainer:
     def fit(self, steps: int) -> History:
         """Run ``steps`` more optimizer steps; returns the (cumulative) history."""
         _check_positive("steps", steps, integer=True)
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=steps, desc=f"{self.precision} on {self.device.type}", leave=False)
+        bar = progress.bar(steps, f"{self.precision} on {self.device.type}", self.progress)
         try:
             with float32_matmul_precision(self.precision):
                 for i in range(steps):
