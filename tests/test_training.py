@@ -426,3 +426,43 @@ def test_a_callable_loss_and_optimizer_are_used():
     t = trainer("fp32", loss_fn=loss_fn, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
     t.fit(2)
     assert seen == [torch.Size([32, 10])] * 2 and isinstance(t.optimizer, torch.optim.SGD)
+
+
+# -- grad_stats: the per-step gradient statistics, on or off ----------------------------------
+
+
+@pytest.mark.parametrize(("clip_norm", "clip_order"), [(None, "unscale_first"), (0.5, "unscale_first"),
+                                                       (0.5, "before_unscale")])
+def test_grad_stats_off_skips_the_statistics_and_changes_nothing_else(monkeypatch, clip_norm, clip_order):
+    kwargs = {"clip_norm": clip_norm, "clip_order": clip_order, "teaching": True, "inject_nonfinite": (2,)}
+    on = trainer("fp16", **kwargs)
+    h_on = on.fit(4)
+    import amp_lessons.training as training
+
+    def must_not_run(*args):
+        raise AssertionError("grad_stats=False still read every gradient")
+
+    monkeypatch.setattr(training, "_count_zeros", must_not_run)
+    monkeypatch.setattr(training, "_global_norm", must_not_run)
+    off = trainer("fp16", grad_stats=False, **kwargs)
+    h_off = off.fit(4)
+    assert same(params(on), params(off)) and same(optimizer_tensors(on), optimizer_tensors(off))
+    for a, b in zip(h_on, h_off):
+        assert (a.loss, a.scale, a.skipped, a.lr) == (b.loss, b.scale, b.skipped, b.lr)
+        assert math.isnan(b.zero_frac) and not math.isnan(a.zero_frac)
+        if clip_norm is None:  # nothing computed the norm
+            assert math.isnan(b.grad_norm) and math.isnan(b.applied_norm)
+        else:  # the clip computed it anyway: recorded, the same value as with the statistics on
+            assert b.grad_norm == a.grad_norm or (math.isnan(a.grad_norm) and math.isnan(b.grad_norm))
+            assert b.clip_seen_norm == a.clip_seen_norm or math.isnan(a.clip_seen_norm)
+            if clip_order == "unscale_first":
+                assert b.applied_norm == a.applied_norm or math.isnan(a.applied_norm)
+            else:
+                assert math.isnan(b.applied_norm)  # after the clip: one more read, skipped
+    assert [r.skipped for r in h_off] == [False, False, True, False]
+
+
+def test_grad_stats_must_be_a_bool():
+    with pytest.raises(TypeError, match="grad_stats must be True .* or False"):
+        trainer("fp32", grad_stats="yes")
+    assert trainer("fp32").grad_stats is True

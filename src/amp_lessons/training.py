@@ -257,11 +257,28 @@ def _count_zeros(grads) -> torch.Tensor:
     return total - nonzero
 
 
+def _as_floats(*values) -> list[float]:
+    """The given 0-dim tensors as Python floats in one transfer; ``None`` becomes NaN."""
+    present = [v.detach() for v in values if v is not None]
+    present = [v.to(present[0].device, torch.float64) for v in present]
+    got = iter(torch.stack(present).tolist() if present else [])
+    return [math.nan if v is None else next(got) for v in values]
+
+
 class Trainer:
     """Train ``model`` on ``data`` in one precision, one optimizer step at a time.
 
     Used in 01 (gradients to histogram), 03 (GradScaler), 04 (clipping, accumulation)
     and 05 (precisions side by side). See the module docstring for the step itself.
+
+    ``grad_stats``: with ``True`` (the default) every step records two exact statistics
+    of the gradients: ``zero_frac``, the share of gradient values that are exactly zero
+    (what fp16 flushed, lessons 01 and 03), and ``grad_norm``, the L2 norm of all of them
+    together. Both read every gradient once more, a cost that grows with the number of
+    parameters. ``False`` skips that read when only speed matters (``bench``): then
+    ``zero_frac``, ``grad_norm`` and ``applied_norm`` are NaN, except that with
+    ``clip_norm`` set, ``grad_norm`` and ``applied_norm`` are still recorded, because the
+    clip computes the norm anyway.
     """
 
     def __init__(self, model, data, precision="fp32", device=None, optimizer="adamw", lr=1e-3,
@@ -269,7 +286,7 @@ class Trainer:
                  scaler=None, init_scale=2.0**16, growth_interval=2000, growth_factor=2.0,
                  backoff_factor=0.5, min_scale=2.0**-14, scheduler=None,
                  step_scheduler_on_skip=False, inject_nonfinite=(), loss_fn=F.cross_entropy,
-                 seed=0, progress=None, callbacks=(), teaching=False):
+                 seed=0, progress=None, callbacks=(), teaching=False, grad_stats=True):
         self.precision, self.device = resolve(precision, device)
         _check_positive("lr", lr)
         _check_positive("batch_size", batch_size, integer=True)
@@ -304,6 +321,10 @@ class Trainer:
         self.inject_nonfinite = {int(s) for s in inject_nonfinite}
         self.loss_fn = loss_fn
         self.seed = seed
+        if not isinstance(grad_stats, bool):
+            raise TypeError(f"grad_stats must be True (record zero_frac and grad_norm every step) or "
+                            f"False (skip them, for speed); got {grad_stats!r}")
+        self.grad_stats = grad_stats
         self.progress = progress_enabled(progress)
         self.callbacks = list(callbacks)
         self.step_count = 0
@@ -364,22 +385,24 @@ class Trainer:
         grads = [p.grad for p in params]
         # Counted as backward left them (unscaling by a power of two makes no value 0 that
         # float32 can hold), before a clip can change them.
-        zeros = _count_zeros(grads)
+        zeros = _count_zeros(grads) if self.grad_stats else None
         seen = math.nan
+        norm = applied = None  # stay None (NaN in the record) when not computed
         if self.clip_norm is not None and self.clip_order == "before_unscale":
             # The trap (lesson 04): the clip sees norm * scale, so it clips by clip_norm / scale.
             seen = float(torch.nn.utils.clip_grad_norm_(params, self.clip_norm))
             self.scaler.unscale_(self.optimizer)
-            applied = _global_norm(grads)
-            norm = applied.new_full((), seen / scale)
+            norm = loss.new_tensor(seen / scale)
+            if self.grad_stats:
+                applied = _global_norm(grads)
         else:
             self.scaler.unscale_(self.optimizer)
-            if self.clip_norm is None:
-                norm = applied = _global_norm(grads)
-            else:  # the clip computes the norm anyway: it is the one it clipped by
+            if self.clip_norm is not None:  # the clip computes the norm anyway: the one it clipped by
                 norm = torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
                 seen = float(norm)
                 applied = norm * min(1.0, self.clip_norm / (seen + 1e-6))
+            elif self.grad_stats:
+                norm = applied = _global_norm(grads)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -387,9 +410,8 @@ class Trainer:
         if self.scheduler is not None and (not skipped or self.step_scheduler_on_skip):
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        # One transfer for the four numbers (one sync on a GPU, also ending the step's work).
-        loss_v, norm_v, applied_v, zeros_v = torch.stack(
-            [t.detach().double() for t in (loss, norm, applied, zeros)]).tolist()
+        # One transfer for the numbers (one sync on a GPU, also ending the step's work).
+        loss_v, norm_v, applied_v, zeros_v = _as_floats(loss, norm, applied, zeros)
         record = StepRecord(
             step=self.step_count, loss=loss_v, scale=scale, skipped=bool(skipped),
             grad_norm=norm_v, clip_seen_norm=seen, applied_norm=applied_v,
