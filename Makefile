@@ -3,16 +3,20 @@
 #   make test TORCH_SPEC=torch==2.13.0      (a CPU build)
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch>=2.4
+TORCH_SPEC ?= torch>=2.11
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
-# Stored outputs and their checks: no progress bars (their text would be compared), and one
-# torch thread, so the numbers a lesson prints do not depend on the machine's core count.
-notebooks test-notebooks test-unit test-browser test-colab: export AMP_LESSONS_PROGRESS := 0
-notebooks test-notebooks test-browser: export OMP_NUM_THREADS := 1
+NBVAL := -m pytest --nbval $(NOTEBOOKS) --sanitize-with notebooks/sanitize.cfg -q -p no:cacheprovider
+# Stored outputs are made with one torch thread and no progress bars, so the figures and
+# pictures stored with them do not depend on the core count. The tests need no settings:
+# the text they compare is the same with bars on or off, on any CPU and thread count
+# (figures from float kernels are masked, see amp_lessons.claims).
+notebooks: export AMP_LESSONS_PROGRESS := 0
+notebooks: export OMP_NUM_THREADS := 1
 
-.PHONY: lab test test-unit test-notebooks test-browser test-colab lint notebooks pairs bench doctor clean
+.PHONY: lab test test-unit test-notebooks test-browser test-colab test-matrix lint notebooks pairs \
+	bench doctor gpu-check claims-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,10 +40,10 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not browser" -q
 
 test-notebooks: $(STAMP)  ## nbval: re-run every lesson and compare with the stored outputs
-	$(BIN)/python -m pytest --nbval $(NOTEBOOKS) --sanitize-with notebooks/sanitize.cfg -q -p no:cacheprovider
+	$(BIN)/python $(NBVAL)
 
 test-browser: $(STAMP)  ## the widgets in JupyterLab in headless Chromium, and under Colab's ipywidgets 7.7.1
-	$(BIN)/python -m pytest tests -m browser -q
+	AMP_LESSONS_BROWSER=1 $(BIN)/python -m pytest tests -m browser -q
 	$(MAKE) test-colab
 
 COLAB_VENV := .venv-colab
@@ -50,9 +54,46 @@ $(COLAB_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-colab: $(COLAB_VENV)/.installed  ## the widget tests under ipywidgets 7.7.1, the version Colab pins
-	AMP_LESSONS_EXPECT_IPYWIDGETS=7.7.1 $(COLAB_VENV)/bin/python -m pytest tests/test_widgets.py -q -p no:cacheprovider
+	AMP_LESSONS_PROGRESS=0 AMP_LESSONS_EXPECT_IPYWIDGETS=7.7.1 $(COLAB_VENV)/bin/python -m pytest tests/test_widgets.py -q -p no:cacheprovider
 
-notebooks: $(STAMP)  ## re-execute every lesson top to bottom in a fresh kernel and store outputs
+# --- the matrix: the stored outputs must hold on other CPUs, thread counts and torch releases ---
+# Each run logs every verdict with its figures to artifacts/claims/<config>.jsonl; `make
+# claims-report` tabulates them (the evidence for each verdict's margin).
+MATRIX_TORCH ?= 2.11.0 2.14.1
+CLAIMS := artifacts/claims
+matrix-env = AMP_LESSONS_CONFIG=$(1) AMP_LESSONS_CLAIMS_LOG=$(CLAIMS)/$(1).jsonl
+
+test-matrix: $(STAMP)  ## nbval under other CPU kernels and thread counts, then other torch releases
+	rm -rf $(CLAIMS) && mkdir -p $(CLAIMS)
+	@echo "== (a) native kernels, 1 thread, no progress bars"
+	$(call matrix-env,native) OMP_NUM_THREADS=1 AMP_LESSONS_PROGRESS=0 $(BIN)/python $(NBVAL)
+	@echo "== (b) x86 kernels held to AVX2, as on a laptop without AVX-512"
+	$(call matrix-env,avx2) ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(BIN)/python $(NBVAL)
+	@echo "== (c) 2 threads, progress bars on"
+	$(call matrix-env,threads2) OMP_NUM_THREADS=2 AMP_LESSONS_PROGRESS=1 $(BIN)/python $(NBVAL)
+	$(foreach v,$(MATRIX_TORCH),$(MAKE) --no-print-directory matrix-torch TORCH_VERSION=$(v) &&) true
+	$(BIN)/python tools/claims_report.py $(CLAIMS)
+
+# One torch release: its own venv, the unit tests, and every lesson compared with its stored outputs.
+TV = .venv-torch$(basename $(TORCH_VERSION))
+matrix-torch:
+	@echo "== torch $(TORCH_VERSION): unit tests and every lesson"
+	test -x $(TV)/bin/python || $(PYTHON) -m venv $(TV)
+	test -f $(TV)/.installed || ( \
+	  $(TV)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)" && \
+	  $(TV)/bin/python -m pip install --quiet -e ".[dev]" && touch $(TV)/.installed )
+	$(TV)/bin/python -m pytest tests -m "not browser" -q -p no:cacheprovider
+	$(call matrix-env,torch$(TORCH_VERSION)) $(TV)/bin/python $(NBVAL)
+
+claims-report:  ## the verdicts' figures under each matrix configuration
+	$(BIN)/python tools/claims_report.py $(CLAIMS)
+
+# --- a GPU (or any machine) without Jupyter: every lesson as a script, every verdict, doctor, bench ---
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:  ## run on a CUDA machine: every lesson as a script, every verdict, the device checks, doctor, bench
+	PYTHONPATH=src MPLBACKEND=Agg AMP_LESSONS_PROGRESS=0 $(GPU_PYTHON) -m amp_lessons selfcheck $(SELFCHECK_ARGS)
+
+notebooks: $(STAMP)  ## re-execute every lesson top to bottom in a fresh kernel and store its outputs
 	$(BIN)/python tools/nbtool.py execute $(or $(NB),$(NOTEBOOKS))
 
 bench: $(STAMP)
@@ -62,4 +103,4 @@ doctor: $(STAMP)
 	$(BIN)/python -m amp_lessons doctor
 
 clean:
-	rm -rf $(VENV) $(COLAB_VENV) .pytest_cache .ruff_cache artifacts
+	rm -rf $(VENV) $(COLAB_VENV) .venv-torch* .pytest_cache .ruff_cache artifacts

@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -68,9 +71,44 @@ def execute(nb_path: Path, timeout: int = 600) -> float:
         nb, {"metadata": {"path": str(nb_path.parent)}}
     )
     seconds = time.perf_counter() - start
+    nb = stable_widget_ids(nb, nb_path.stem)
     nbformat.write(nb, nb_path)
     jupytext.write(nb, _pair(nb_path), fmt=FMT)
     return seconds
+
+
+WIDGET_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def stable_widget_ids(nb, name: str):
+    """The notebook with every widget model id replaced by one derived from the lesson's name
+    and the model's place in the notebook. ipywidgets draws random ids on every run, so without
+    this each re-execution rewrote the stored widget state (diff noise); with it the stored
+    state changes only when the widgets do, and still renders the views offline.
+
+    Order: the views in output order, then the models each one references (depth first, in
+    the order its state names them), then any other model by its content."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    models = state.get("state", {})
+    order: list[str] = []
+
+    def visit(model_id):
+        if model_id in order:
+            return
+        order.append(model_id)
+        for ref in re.findall(r"IPY_MODEL_([0-9a-f]{32})", json.dumps(models.get(model_id, {}), sort_keys=True)):
+            visit(ref)
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            if view:
+                visit(view["model_id"])
+    for model_id in sorted(set(models) - set(order), key=lambda m: json.dumps(models[m], sort_keys=True)):
+        visit(model_id)
+    mapping = {old: hashlib.md5(f"{name}:{i}".encode()).hexdigest() for i, old in enumerate(order)}
+    text = WIDGET_ID.sub(lambda m: mapping.get(m.group(0), m.group(0)), json.dumps(nb))
+    return nbformat.from_dict(json.loads(text))
 
 
 def _inputs(nb) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m amp_lessons doctor`` and ``python -m amp_lessons bench``."""
+"""Command line: ``python -m amp_lessons doctor``, ``bench`` and ``selfcheck``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         bench = None
     if bench is not None:
         bench.add_parser(sub)
+    from . import selfcheck
+
+    selfcheck.add_parser(sub)
     return parser
 
 

@@ -271,3 +271,37 @@ def resolve(precision, device=None) -> tuple[str, torch.device]:
     if why is not None:
         raise ValueError(f"precision {name!r} cannot run on {dev}: {why}")
     return name, dev
+
+
+def selfcheck(device=None) -> list:
+    """The hardware facts lessons 00 and 05 state, checked on ``device`` (``make gpu-check``).
+
+    On a CUDA GPU: native bf16 exactly from compute capability 8.0 on (a T4, 7.5, reports bf16
+    only through emulation), and the recommendation that follows. On a CPU: both 16-bit
+    autocast dtypes run, and TF32 is reported as absent.
+    """
+    from .claims import check
+
+    dev = pick_device(device)
+    report = hardware_report(dev)
+    out = []
+    if dev.type == "cuda":
+        cc = report.cuda_capability
+        out.append(check("this GPU's native bf16 (is_bf16_supported(including_emulation=False)) "
+                         "matches compute capability >= 8.0", report.bf16_native == (cc >= (8, 0)),
+                         f"cc {cc[0]}.{cc[1]}, native {report.bf16_native}, emulated {report.bf16_emulated}"))
+        expected = "bf16" if cc >= (8, 0) else "fp16" if cc >= (7, 0) else "fp32"
+        out.append(check(f"the recommended precision here is {expected}",
+                         report.recommended == expected, f"recommended {report.recommended}"))
+        out.append(check("TF32 is reported where compute capability >= 8.0",
+                         report.tf32_hardware == (cc >= (8, 0)), f"tf32 {report.tf32_hardware}"))
+    elif dev.type == "cpu":
+        ran = []
+        for dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast("cpu", dtype=dtype):
+                ran.append((torch.ones(4, 4) @ torch.ones(4, 4)).dtype == dtype)
+        out.append(check("bf16 and fp16 autocast both run matmuls in 16 bits on this CPU", all(ran),
+                         f"bf16 {ran[0]}, fp16 {ran[1]}"))
+        out.append(check("TF32 is reported as absent on a CPU",
+                         supported_precisions(dev)["tf32"] is not None and not report.tf32_hardware))
+    return out
