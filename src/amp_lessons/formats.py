@@ -3,7 +3,13 @@
 fp32, tf32, bf16, fp16 and, as a preview, the fp8 formats e4m3fn and e5m2. The figures
 of every format torch has a dtype for come from ``torch.finfo``; tf32 (a float32 whose
 mantissa tensor cores round to 10 bits) has no dtype, so its figures follow from its bit
-layout. Used in 01_number_formats (and ``round_to_format(t, "tf32")`` in 05).
+layout. Used in 01_number_formats (and ``round_to_format(t, "tf32")`` in 05), and by
+:mod:`amp_lessons.fp8` in 08_fp8.
+
+e4m3fn has no inf, and what torch's cast stores for a value too large for it depends on
+the release: NaN before torch 2.13, the largest value (±448) from 2.13 on. Nothing here
+assumes either: :func:`e4m3_overflow` casts ``1e6`` and ``inf`` once and reports what the
+running release does, and the texts below say what it found.
 
 Format names are parsed here, in :func:`parse_format`; the four training precisions among
 them go through :func:`amp_lessons.precision.parse_precision`.
@@ -11,6 +17,7 @@ them go through :func:`amp_lessons.precision.parse_precision`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -88,13 +95,21 @@ class Format:
 
     @property
     def overflow_from(self) -> float:
-        """Values from here up do not fit: inf (or a saturated max for e4m3fn, which has
-        no inf; its tie rounds down to the max, so only larger values overflow)."""
+        """Values from here up do not fit. With an inf, the tie max + ulp/2 already rounds to
+        inf; e4m3fn has none, its tie rounds down to the max, so only larger values overflow
+        (into what :attr:`overflows_to` says)."""
         top_ulp = 2.0 ** (math.floor(math.log2(self.max)) - self.mantissa_bits)
         return self.max + top_ulp / 2
 
     def overflows(self, magnitude: torch.Tensor) -> torch.Tensor:
+        """True where a magnitude does not fit (see :attr:`overflow_from`)."""
         return magnitude >= self.overflow_from if self.has_inf else magnitude > self.overflow_from
+
+    @property
+    def overflows_to(self) -> float:
+        """What a positive value too large for this format is stored as by torch's cast:
+        inf, or for e4m3fn what this torch release does (:func:`e4m3_overflow`: 448 or NaN)."""
+        return math.inf if self.has_inf else e4m3_overflow().finite
 
 
 def _from_finfo(name: str) -> Format:
@@ -124,6 +139,60 @@ def from_layout(name: str, exponent_bits: int, mantissa_bits: int) -> Format:
         eps=2.0**-mantissa_bits, has_inf=True,
         source=f"bit layout ({exponent_bits} exponent, {mantissa_bits} mantissa bits)",
     )
+
+
+@dataclass(frozen=True)
+class E4M3Overflow:
+    """What this torch release's cast to ``float8_e4m3fn`` stores for ``1e6`` and for ``inf``.
+
+    e4m3fn has no inf. Before torch 2.13 the cast gives NaN for both; from 2.13 on it
+    saturates both to the largest value, 448 (torch/headeronly/util/Float8_e4m3fn.h).
+    """
+
+    torch_version: str
+    device: str
+    finite: float  # what 1e6 became
+    inf: float  # what inf became
+
+    @property
+    def saturates(self) -> bool:
+        """True when both came back as the largest value (448): the cast saturates."""
+        top = float(torch.finfo(torch.float8_e4m3fn).max)
+        return self.finite == top and self.inf == top
+
+    @property
+    def gives_nan(self) -> bool:
+        """True when both came back as NaN."""
+        return math.isnan(self.finite) and math.isnan(self.inf)
+
+    def stored_as(self) -> str:
+        """``"448 (saturated)"``, ``"NaN"``, or both values when they differ."""
+        if self.saturates:
+            return f"{self.finite:g} (saturated)"
+        if self.gives_nan:
+            return "NaN"
+        return f"{self.finite:g} for 1e6 and {self.inf:g} for inf"
+
+    def __str__(self) -> str:
+        return (f"torch {self.torch_version} on {self.device}: a value too large for e4m3fn "
+                f"(largest 448) is stored as {self.stored_as()}")
+
+
+def e4m3_overflow(device="cpu") -> E4M3Overflow:
+    """Probe once (per device) what this torch release's cast stores for an e4m3fn overflow.
+
+    Casts ``1e6`` and ``inf`` to ``torch.float8_e4m3fn`` and reads them back. The answer
+    differs between releases (NaN before 2.13, saturation to 448 from 2.13 on), so the
+    package computes it rather than assuming it. Used in 01 and 08_fp8.
+    """
+    return _probe_e4m3(str(torch.device(device)))
+
+
+@functools.cache
+def _probe_e4m3(device: str) -> E4M3Overflow:
+    probe = torch.tensor([1e6, math.inf], device=device).to(torch.float8_e4m3fn)
+    finite, inf = probe.to(torch.float32).cpu().tolist()
+    return E4M3Overflow(torch.__version__.split("+")[0], device, finite, inf)
 
 
 def format_info(name) -> Format:
@@ -186,9 +255,10 @@ def round_to_format(tensor, name) -> torch.Tensor:
 
     fp32, bf16, fp16 and fp8 are a cast (``tensor.to(dtype)``); tf32 rounds the float32
     value's mantissa to 10 bits, round-to-nearest-even, as a tensor core reads its inputs
-    (hardware may break exact ties differently). Too large: inf (fp8 e4m3fn has no inf;
-    torch's cast saturates it). A float64 input is rounded to float32 first, as torch's own
-    casts from float64 to 16 bits do. Used in 01 and 05.
+    (hardware may break exact ties differently). Too large: inf; fp8 e4m3fn has no inf, and
+    there the cast gives what :func:`e4m3_overflow` reports for this torch release (448 or
+    NaN). A float64 input is rounded to float32 first, as torch's own casts from float64 to
+    16 bits do. Used in 01 and 05.
     """
     fmt = parse_format(name)
     x = _as_float_tensor(tensor, "the tensor to round").to(torch.float32)
@@ -236,8 +306,12 @@ class Bits:
         bias = 2 ** (f.exponent_bits - 1) - 1
         s = "-" if self.sign == "1" else "+"
         e = int(self.exponent, 2)
-        if self.kind == "normal" and not f.has_inf and abs(self.value) > f.overflow_from:
-            return f"too large: saturated to the largest value, {s}{f.max:g} ({f.name} has no inf)"
+        if not f.has_inf and not math.isnan(self.value) and abs(self.value) > f.overflow_from:
+            release = f"torch {torch.__version__.split('+')[0]}'s cast"
+            if self.kind == "nan":
+                return (f"too large: {release} stores NaN ({f.name} has no inf; torch 2.13 and "
+                        f"later saturate to {f.max:g} instead)")
+            return f"too large: {release} saturates it to the largest value, {s}{f.max:g} ({f.name} has no inf)"
         if self.kind == "normal":
             return f"normal: {s}1.{self.mantissa} (binary) x 2^({e} - {bias}) = {s}{abs(self.stored):.10g}"
         if self.kind == "subnormal":
@@ -297,8 +371,10 @@ class Census:
     """Where the values of a tensor land in one format.
 
     Counts of ``zero`` (exactly 0 already, not a loss), ``flushed`` (nonzero, rounds to 0),
-    ``subnormal`` (kept, with fewer significant bits), ``normal``, ``overflow`` (too large:
-    inf, or saturated for e4m3fn) and ``nan``. Fractions are of the nonzero values.
+    ``subnormal`` (kept, with fewer significant bits), ``normal``, ``overflow`` (too large to
+    fit, whatever the cast then stores: inf, or for e4m3fn 448 or NaN depending on the torch
+    release, :attr:`Format.overflows_to`) and ``nan`` (NaN already). Fractions are of the
+    nonzero values. The classes are the same on every torch release.
     """
 
     format: str
