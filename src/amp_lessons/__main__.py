@@ -10,7 +10,7 @@ import sys
 def _doctor(args) -> int:
     from .hardware import hardware_report
 
-    report = hardware_report(args.device)
+    report = hardware_report(args.device, measure=not args.no_measure)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="what this machine can do, and the precision to use here")
     doctor.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1, mps")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--no-measure", action="store_true",
+                        help="skip the quick matmul that grounds a CPU's recommendation")
     doctor.set_defaults(run=_doctor)
     try:
         from . import bench

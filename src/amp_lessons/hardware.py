@@ -149,9 +149,20 @@ class HardwareReport:
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
+# On a CPU with native bf16 (AVX512-BF16 or AMX), bf16 is recommended when a measured bf16
+# matmul runs at least this much faster than float32's: a training step gains less than its
+# matmuls do (lesson 05), so a small matmul gain is not worth the coarser mantissa.
+CPU_BF16_MIN_SPEEDUP = 1.25
+
+
 def recommend(device_type: str, cuda_capability=None, bf16_native=False,
-              avx512_bf16=False, amx_bf16=False) -> tuple[str, bool, str]:
-    """(precision, use_scaler, reason) for a device class. Pure: tests call it directly."""
+              avx512_bf16=False, amx_bf16=False, bf16_speedup=None) -> tuple[str, bool, str]:
+    """(precision, use_scaler, reason) for a device class. Pure: tests call it directly.
+
+    ``bf16_speedup``: a measured bf16 / fp32 matmul rate ratio on this device
+    (:func:`matmul_speedups`), or None. On CPUs with native bf16 it decides, and the
+    reason cites it; without it, the rule for the CPU class stands.
+    """
     if device_type == "cuda":
         cc = "{}.{}".format(*cuda_capability) if cuda_capability else "unknown"
         if cuda_capability and tuple(cuda_capability) >= (8, 0) and bf16_native:
@@ -169,6 +180,19 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
         return ("fp32", False,
                 "Apple GPU: autocast works on MPS in recent torch, but the lessons' speed claims "
                 "are not measured there; run `python -m amp_lessons bench` before switching.")
+    measured = ("" if bf16_speedup is None else
+                f" Measured here: a bf16 matmul ran at {bf16_speedup:.2g}x float32's rate.")
+    if (amx_bf16 or avx512_bf16) and bf16_speedup is not None:
+        if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
+            return ("bf16", False,
+                    f"CPU with native bf16 ({'AMX tile units' if amx_bf16 else 'AVX512-BF16'}) whose "
+                    f"bf16 matmuls are faster than float32's.{measured} bf16 also halves the "
+                    "activation memory and needs no GradScaler; lesson 05 measures whole training "
+                    "steps, which gain less than their matmuls.")
+        return ("fp32", False,
+                f"CPU with native bf16 ({'AMX tile units' if amx_bf16 else 'AVX512-BF16'}), but its "
+                f"bf16 matmuls are not at least {CPU_BF16_MIN_SPEEDUP}x faster than float32's.{measured} "
+                "Choose bf16 when activation memory is the limit.")
     if amx_bf16:
         return ("bf16", False,
                 "CPU with AMX-BF16 tile units: bf16 matmuls run much faster than fp32, and bf16 "
@@ -179,15 +203,41 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                 "saved for backward, but is not expected to be reliably faster than fp32 (no "
                 "16-bit matrix units; the gain depends on the model and on torch's bf16 kernels "
                 "for this CPU: lesson 05 and `python -m amp_lessons bench` measure it here). "
-                "Choose bf16 when memory is the limit or the bench shows a gain; avoid fp16 on "
-                "CPUs, whose matmul kernels are often far slower.")
+                "Choose bf16 when memory is the limit or the bench shows a gain.")
     return ("fp32", False,
             "CPU without native bf16 instructions (no AVX512-BF16, no AMX): 16-bit math is "
-            "emulated and slower than fp32; autocast would only save activation memory.")
+            f"emulated and slower than fp32; autocast would only save activation memory.{measured}")
 
 
-def hardware_report(device=None) -> HardwareReport:
-    """Query torch about ``device`` (auto by default) and recommend a precision."""
+def matmul_speedups(device=None, n: int = 256, repeats: int = 3) -> dict[str, float]:
+    """Each 16-bit precision's matmul rate over float32's on ``device``: ``{"bf16": r, "fp16": r}``.
+
+    A quick n x n microbenchmark (well under a second where 16-bit is native). Used by
+    lesson 00 and ``doctor`` to ground the recommendation in a measurement.
+    """
+    from .matmul import matmul_gflops
+
+    dev = pick_device(device)
+    fp32 = matmul_gflops(n, "fp32", dev, warmup=1, repeats=repeats)
+    return {p: matmul_gflops(n, p, dev, warmup=1, repeats=repeats) / fp32 for p in ("bf16", "fp16")}
+
+
+def _mps_bf16_native() -> bool:
+    """MPS runs bfloat16 from macOS 14 on (torch >= 2.6, below the course's floor)."""
+    release = platform.mac_ver()[0]
+    try:
+        return int(release.split(".")[0]) >= 14
+    except ValueError:
+        return False
+
+
+def hardware_report(device=None, measure: bool = False) -> HardwareReport:
+    """Query torch about ``device`` (auto by default) and recommend a precision.
+
+    ``measure=True`` on a CPU also times a small matmul per precision (:func:`matmul_speedups`),
+    and the recommendation then follows the measured bf16 speed (lesson 00, ``doctor``). A
+    GPU's recommendation follows its compute capability.
+    """
     dev = pick_device(device)
     cpu = cpu_features()
     cc = None
@@ -207,8 +257,11 @@ def hardware_report(device=None) -> HardwareReport:
         bf16_emulated = not bf16_native
     elif dev.type == "mps":
         name = "Apple GPU (MPS)"
-        bf16_native = True
-    precision, scaler, reason = recommend(dev.type, cc, bf16_native, cpu["avx512_bf16"], cpu["amx_bf16"])
+        bf16_native = _mps_bf16_native()
+        bf16_emulated = False
+    speedup = matmul_speedups(dev)["bf16"] if measure and dev.type == "cpu" else None
+    precision, scaler, reason = recommend(dev.type, cc, bf16_native, cpu["avx512_bf16"], cpu["amx_bf16"],
+                                          bf16_speedup=speedup)
     return HardwareReport(
         device=str(dev), name=name, torch_version=torch.__version__, cuda_capability=cc,
         bf16_native=bf16_native, bf16_emulated=bf16_emulated, fp16=fp16, tf32_hardware=tf32_hw,

@@ -1,0 +1,52 @@
+"""The recommendation grounded in a measured matmul (lesson 00, doctor), and MPS's bf16."""
+
+import pytest
+
+from amp_lessons import hardware
+from amp_lessons.__main__ import main
+from amp_lessons.hardware import CPU_BF16_MIN_SPEEDUP, recommend
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, speedup, precision", [
+    (True, False, 2.5, "bf16"),                       # AVX512-BF16 whose bf16 kernels are fast
+    (True, False, 0.6, "fp32"),                       # AVX512-BF16 at half of fp32's rate
+    (True, True, 5.4, "bf16"),                        # AMX
+    (True, True, 1.0, "fp32"),                        # AMX capped away (e.g. ONEDNN_MAX_CPU_ISA)
+    (False, False, 0.01, "fp32"),                     # AVX2 only: emulated
+    (False, False, 3.0, "fp32"),                      # no native bf16: rule stands
+])
+def test_cpu_recommendation_follows_the_measured_bf16_speed(avx512_bf16, amx, speedup, precision):
+    got, scaler, reason = recommend("cpu", None, avx512_bf16 or amx, avx512_bf16, amx, bf16_speedup=speedup)
+    assert (got, scaler) == (precision, False)
+    assert f"{speedup:.2g}x float32's rate" in reason
+
+
+def test_the_threshold_is_inclusive():
+    assert recommend("cpu", None, True, True, False, bf16_speedup=CPU_BF16_MIN_SPEEDUP)[0] == "bf16"
+    assert recommend("cpu", None, True, True, False, bf16_speedup=CPU_BF16_MIN_SPEEDUP - 0.01)[0] == "fp32"
+
+
+def test_without_a_measurement_the_class_rule_stands():
+    assert recommend("cpu", None, True, True, True)[0] == "bf16"
+    assert recommend("cpu", None, True, True, False)[0] == "fp32"
+    assert recommend("cuda", (8, 0), True, bf16_speedup=0.5)[0] == "bf16"  # GPUs: by capability
+
+
+def test_matmul_speedups_are_ratios_to_fp32():
+    speedups = hardware.matmul_speedups("cpu", n=64, repeats=1)
+    assert set(speedups) == {"bf16", "fp16"} and all(v > 0 for v in speedups.values())
+
+
+@pytest.mark.parametrize("release, native", [("14.2", True), ("13.6.1", False), ("", False)])
+def test_mps_bf16_needs_macos_14(monkeypatch, release, native):
+    monkeypatch.setattr(hardware.platform, "mac_ver", lambda: (release, ("", "", ""), ""))
+    assert hardware._mps_bf16_native() is native
+
+
+def test_doctor_measures_unless_told_not_to(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(hardware, "matmul_speedups", lambda device=None: calls.append(1) or {"bf16": 9.0, "fp16": 0.1})
+    assert main(["doctor", "--device", "cpu"]) == 0
+    assert calls and "9x float32's rate" in capsys.readouterr().out or not hardware.cpu_features()["avx512_bf16"]
+    calls.clear()
+    assert main(["doctor", "--device", "cpu", "--no-measure"]) == 0 and not calls
