@@ -3,7 +3,9 @@
 Used by tests/test_browser.py: start a JupyterLab server on copies of the lessons, open
 a lesson, Run > Run All Cells, find a widget by its control's label, change the control
 with real mouse and keyboard events, and wait for the widget's view to show new content,
-timing it in the browser from the input event to the view's update.
+timing it in the browser from the input event to the view's update (and to the busy cue,
+for a widget whose redraw takes a while). The tests only check that each control redraws;
+the times are reported by benchmarks/widget_latency.py, run alone.
 """
 
 from __future__ import annotations
@@ -196,7 +198,10 @@ _PAGE_JS = r"""
       if (amp.armed && amp.armed.firstInput === null) amp.armed.firstInput = performance.now();
     }, true);
   }
-  amp.views = (box) => Array.from(box.querySelectorAll('.widget-html:not(.amp-render-error), img'));
+  // Views: what a widget shows. Not views: the red render-error line and the busy cue.
+  amp.views = (box) => Array.from(box.querySelectorAll(
+      '.widget-html:not(.amp-render-error):not(.amp-busy), img'));
+  amp.cues = (box) => Array.from(box.querySelectorAll('.amp-busy'));
   amp.content = (view) => {
     if (view.tagName === 'IMG') return view.getAttribute('src') || '';
     const inner = view.querySelector('.widget-html-content');
@@ -216,8 +221,14 @@ _PAGE_JS = r"""
     const st = amp.armed = {
       firstInput: null, views, before: views.map(amp.content), changedAt: views.map(() => null),
       expect: expect === null ? views.map((_, i) => i) : expect,
-      errorsBefore: amp.errors().length, logBefore: amp.logCount(),
+      errorsBefore: amp.errors().length, logBefore: amp.logCount(), cueAt: null,
     };
+    amp.cues(box).forEach((c) => {
+      const obs = new MutationObserver(() => {
+        if (st.cueAt === null && c.textContent.trim()) { st.cueAt = performance.now(); obs.disconnect(); }
+      });
+      obs.observe(c, {subtree: true, childList: true, characterData: true, attributes: true});
+    });
     views.forEach((v, i) => {
       const obs = new MutationObserver(() => {
         if (st.changedAt[i] === null && amp.content(v) !== st.before[i]) {
@@ -376,6 +387,21 @@ def find_widget(page, control: str, timeout: float = 20):
     return box
 
 
+def control_labels(box) -> dict[str, int]:
+    """Each control's label in a rendered widget, with how many values a learner can pick
+    there (buttons of a ToggleButtons, options of a Dropdown; 0: a slider or a text box,
+    which always offer another value)."""
+    return box.evaluate(
+        """b => Object.fromEntries(Array.from(b.querySelectorAll('label.widget-label'))
+             .filter(l => l.textContent.trim())
+             .map(l => {
+               const c = l.parentElement;
+               const n = c.querySelectorAll('button.widget-toggle-button, option').length;
+               return [l.textContent.trim(), n];
+             }))"""
+    )
+
+
 @dataclass
 class Change:
     """A widget's views (HTML text or Image src, in page order) before and after a change."""
@@ -386,6 +412,7 @@ class Change:
     latency_s: float  # input event -> the last expected view updated
     digests: list[str]  # SHA-256 of each Image view's PNG after the change ('' for HTML)
     before_digests: list[str]  # and before it
+    cue_s: float | None = None  # input event -> the busy cue showed (None: no cue shown)
 
     def text(self, i: int = 0) -> str:
         """The i-th HTML view's text."""
@@ -428,7 +455,8 @@ def change_control(page, box, act, expect: list[int] | None = None, timeout: flo
         ) from None
     st = page.evaluate(
         "() => { const a = window.__amp, st = a.armed; return {changedAt: st.changedAt, firstInput: st.firstInput,"
-        " expect: st.expect, errors: a.errors().slice(st.errorsBefore), log: a.logCount() - st.logBefore}; }"
+        " expect: st.expect, errors: a.errors().slice(st.errorsBefore), log: a.logCount() - st.logBefore,"
+        " cueAt: st.cueAt}; }"
     )
     if st["errors"]:
         raise LabError(
@@ -443,13 +471,14 @@ def change_control(page, box, act, expect: list[int] | None = None, timeout: flo
     if st["firstInput"] is None:
         raise LabError("the view changed, but no input event (click, key, input) was seen first")
     latency = (max(st["changedAt"][i] for i in st["expect"]) - st["firstInput"]) / 1000
+    cue = None if st["cueAt"] is None else max(0.0, st["cueAt"] - st["firstInput"]) / 1000
     page.locator(_STATUS).filter(has_text="Idle").wait_for(timeout=timeout * 1000)
     page.wait_for_timeout(100)
     after = page.evaluate("() => window.__amp.armed.views.map(window.__amp.content)")
     digests = page.evaluate(
         "() => Promise.all(window.__amp.armed.views.map(v => v.tagName === 'IMG' ? window.__amp.digest(v) : ''))"
     )
-    return Change(state["kinds"], state["before"], after, latency, digests, before_digests)
+    return Change(state["kinds"], state["before"], after, latency, digests, before_digests, cue)
 
 
 def log_console_text(page) -> str:
@@ -477,6 +506,7 @@ def toggle(label: str, option: str):
         control.locator("button.widget-toggle-button").get_by_text(option, exact=True).click()
 
     act.__doc__ = f"{label} -> {option}"
+    act.label = label
     return act
 
 
@@ -492,6 +522,7 @@ def slider_key(label: str, key: str = "ArrowRight"):
         handle.press(key)
 
     act.__doc__ = f"{label}: {key}"
+    act.label = label
     return act
 
 
@@ -505,6 +536,7 @@ def type_text(label: str, text: str):
         control.locator("input").fill(text)
 
     act.__doc__ = f"{label} <- {text!r}"
+    act.label = label
     return act
 
 
@@ -518,4 +550,5 @@ def dropdown(label: str, option: str):
         control.locator("select").select_option(label=option)
 
     act.__doc__ = f"{label} -> {option}"
+    act.label = label
     return act
