@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .claims import measured
+
 
 @dataclass
 class Verdict:
@@ -50,12 +52,14 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
     c = scaled_census(grads, "fp16", scale)
     normal = c.fraction("normal")
-    findings.append(f"at {label}: {normal:.2%} of the {c.nonzero:,} nonzero gradients are normal "
-                    f"in fp16 (the goal: at least {target:.0%}); {c.flushed} flushed to zero, "
-                    f"{c.subnormal} subnormal, {c.overflow} overflow")
+    # The gradients come from a training run: their counts are figures from float kernels.
+    findings.append(f"at {label}: {measured(normal, '.2%')} of the {measured(c.nonzero, ',')} nonzero "
+                    f"gradients are normal in fp16 (the goal: at least {target:.0%}); "
+                    f"{measured(c.flushed, 'd')} flushed to zero, {measured(c.subnormal, 'd')} subnormal, "
+                    f"{measured(c.overflow, 'd')} overflow")
     if c.overflow:
         passed = False
-        findings.append(f"too large: {c.overflow} values overflow to inf, and one inf makes "
+        findings.append(f"too large: {measured(c.overflow, 'd')} values overflow to inf, and one inf makes "
                         "GradScaler skip the whole step; try a smaller power of two")
     elif normal < target:
         passed = False
@@ -154,7 +158,11 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
     """03: run the learner's ``step(model, opt, scaler, scheduler, x, y) -> skipped`` for
     ``steps`` batches of the digits, an inf planted in the batches ``bad_batches`` (a corrupt
     example), with AdamW, ``GradScaler(device)`` and ``StepLR``; check what it returns, the
-    weights, the optimizer's and the scheduler's step counts, and the lr_scheduler warning."""
+    weights, the optimizer's and the scheduler's step counts, and the lr_scheduler warning.
+
+    A step counts as skipped when AdamW's own step count did not move, whatever skipped it:
+    GradScaler finding an inf, or the learner's own check of the loss.
+    """
     import warnings
 
     from .hardware import pick_device
@@ -172,7 +180,7 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
             x = x.clone()
             x[0, 0] = float("inf")
         before = [p.detach().clone() for p in model.parameters()]
-        scale = scaler.get_scale()
+        taken = optimizer_steps(opt)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -182,21 +190,26 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
                                        f"{str(err).splitlines()[0] if str(err) else ''}"])
         warned += [str(w.message) for w in caught if SCHEDULER_WARNING in str(w.message)]
         returned.append(answer)
-        skipped.append(scaler.is_enabled() and scaler.get_scale() < scale)
+        skipped.append(optimizer_steps(opt) == taken)
         unchanged.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
     findings, passed = [], True
     truly = [i for i, s in enumerate(skipped) if s]
     applied = steps - len(truly)
-    if truly != list(bad_batches):
-        passed = False
-        findings.append(f"GradScaler skipped steps {truly}; the batches with an inf were "
-                        f"{list(bad_batches)}: scale the loss with scaler.scale(loss) and step with "
-                        "scaler.step(opt), then scaler.update()")
+    if truly == list(bad_batches) and all(unchanged[i] for i in truly):
+        findings.append(f"the optimizer skipped steps {truly}, the batches with an inf, and their "
+                        f"weights stayed as they were; it applied the other {applied}")
     else:
-        kept = all(unchanged[i] for i in truly)
-        passed &= kept
-        findings.append(f"GradScaler skipped steps {truly} (the batches with an inf)"
-                        + (", which left the weights unchanged" if kept else ", yet the weights changed"))
+        passed = False
+        reached = [i for i in bad_batches if i not in truly]
+        needless = [i for i in truly if i not in bad_batches]
+        if reached:
+            findings.append(f"the batches {reached} hold an inf, yet the optimizer stepped on them: "
+                            "let scaler.step(opt) decide (it skips a step whose gradients hold "
+                            "inf/NaN), with the loss scaled by scaler.scale(loss)")
+        if needless:
+            findings.append(f"steps {needless} were skipped although their batches were clean")
+        if any(not unchanged[i] for i in truly):
+            findings.append("a skipped step still changed the weights")
     if any(not isinstance(a, (bool, torch.Tensor)) for a in returned):
         passed = False
         findings.append(f"step returned {[type(a).__name__ for a in returned][:3]}...; return a bool: "
@@ -208,10 +221,8 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
         else:
             passed = False
             findings.append(f"it returns True on steps {said}, but the skipped steps were {truly}: "
-                            "a step was skipped when the scale after scaler.update() is lower "
-                            "than before it")
-    taken = optimizer_steps(opt)
-    findings.append(f"AdamW's own step count: {taken} of {steps} calls (a skipped step never reaches it)")
+                            "with a GradScaler, a step was skipped when the scale after "
+                            "scaler.update() is lower than before it")
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         passed = False
         findings.append("the weights now hold inf/NaN: a batch with an inf reached the optimizer")
@@ -334,7 +345,9 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
     if error is not None:
         msg = str(error).splitlines()[0] if str(error) else ""
         hint = next((h for key, h in _LOOP_ERROR_HINTS.items() if key in msg), "")
-        bug(f"the loop raised {type(error).__name__}: {msg}" + (f" ({hint})" if hint else ""))
+        bug(f"the loop raised {type(error).__name__}: {msg}" + (f" ({hint})" if hint else "")
+            + ". What ran before it is checked below; the call counts and the weights are "
+            "checked once the loop runs to the end")
 
     # 1. the GradScaler and its device
     if not log.scalers:
@@ -358,7 +371,9 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
 
     # 2. clip after unscale_
     clips, scaled = log.clips, log.scaled_clips
-    if not clips:
+    if not clips and error is not None:
+        pass  # it stopped before the first clip
+    elif not clips:
         bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt)")
     elif scaled:
         bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt), on gradients "
@@ -367,10 +382,13 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
     else:
         findings.append("fixed: every clip runs after scaler.unscale_(opt)")
 
-    # 3. unscale_, clip, step and update once per optimizer step
+    # 3. unscale_, clip, step and update once per optimizer step (a loop that stopped early
+    # made fewer calls than it would have: nothing to count)
     counts = {name: log.count(name) for name in ("unscale_", "step", "update")}
     backwards = log.count("scale")
-    if any(n != steps for n in counts.values()):
+    if error is not None:
+        pass
+    elif any(n != steps for n in counts.values()):
         ran = ", ".join(f"{name} {n}x" for name, n in counts.items())
         bug(f"{ran} for {steps} optimizer steps of {accum_steps} micro-batches: unscale_, "
             "clip, step and update belong after the last micro-batch of each step only")
@@ -433,6 +451,13 @@ def broken_setup(device_type: str = "cpu"):
     return model, optimizer, scaler, dtype
 
 
+_SETUP_ERROR_HINTS = {
+    "Attempting to unscale FP16 gradients": "GradScaler refuses float16 gradients, which come "
+    "from float16 weights: model.half() made them. Keep the weights float32; autocast casts "
+    "them for each matmul, and the gradients it returns are float32",
+}
+
+
 def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     """Check ``setup(device_type) -> (model, optimizer, scaler, dtype)`` for mixed precision.
 
@@ -467,7 +492,11 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     else:
         findings.append("right: the weights are float32 (master weights)")
     scaler_device = getattr(scaler, "_device", dev.type)
-    if dtype == torch.float16 and not scaler.is_enabled():
+    if dtype == torch.float16 and not scaler.is_enabled() and scaler_device != dev.type:
+        bug(f"the GradScaler was built for {scaler_device!r} (what torch.amp.GradScaler() means "
+            f"when no device is given), and the model runs on {dev.type!r}: it warned and disabled "
+            "itself, so nothing is scaled. Pass the device: torch.amp.GradScaler(device_type)")
+    elif dtype == torch.float16 and not scaler.is_enabled():
         bug("float16 without a GradScaler: small gradients flush to zero. Use "
             "torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))")
     elif dtype == torch.float16:
@@ -498,12 +527,84 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
     except Exception as err:
-        bug(f"training raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        msg = str(err).splitlines()[0] if str(err) else ""
+        hint = next((h for key, h in _SETUP_ERROR_HINTS.items() if key in msg), "")
+        bug(f"training raised {type(err).__name__}: {msg}" + (f" ({hint})" if hint else ""))
         return Verdict(passed, findings)
     bad = sum(int((~torch.isfinite(p)).sum()) for p in model.parameters())
     total = sum(p.numel() for p in model.parameters())
     if bad:
         bug(f"after {steps} steps {bad:,} of {total:,} weights are inf/NaN")
     else:
-        findings.append(f"after {steps} steps every weight is finite; loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        findings.append(f"after {steps} steps every weight is finite; loss {measured(losses[0], '.2f')} -> "
+                        f"{measured(losses[-1], '.2f')}")
+    return Verdict(passed, findings)
+
+
+# --- 08_fp8 --------------------------------------------------------------------------
+
+
+def row_scale_as_given(x, name="fp8_e4m3"):
+    """08's exercise, as given: one float32 scale per row of ``x`` (shape (rows, 1)) that
+    puts each row's largest magnitude on the format's largest value. One thing is wrong."""
+    largest = torch.finfo(torch.float8_e4m3fn if name == "fp8_e4m3" else torch.float8_e5m2).max
+    return largest / x.abs().amax(dim=1, keepdim=True)
+
+
+def _row_scale_cases():
+    """Exact inputs (powers of two times small integers): one ordinary row per binade, an
+    outlier row, an all-zero row (a dead ReLU unit's gradient), a row with one nonzero value."""
+    cols = torch.arange(16, dtype=torch.float32) - 7.5
+    rows = [cols * 2.0**e for e in (-20, -6, 0, 5)] + [cols * 2.0**20, torch.zeros(16),
+                                                        torch.where(cols == 0.5, -3.0, 0.0)]
+    return torch.stack(rows), 5  # the all-zero row's index
+
+
+def check_row_scale(fn) -> Verdict:
+    """08: check the learner's ``fn(x, name) -> scales`` on exact inputs for e4m3 and e5m2:
+    one float32 scale per row, finite and positive (an all-zero row included), none that
+    overflows, and each nonzero row's largest value landing in the top binade of the format."""
+    import math
+
+    from .formats import format_info
+
+    x, zero_row = _row_scale_cases()
+    findings, passed = [], True
+    for name in ("fp8_e4m3", "fp8_e5m2"):
+        fmt = format_info(name)
+        top = fmt.max
+        try:
+            scale = fn(x.clone(), name)
+        except Exception as err:
+            return Verdict(False, [f"fn(x, {name!r}) raised {type(err).__name__}: {err}"])
+        if not isinstance(scale, torch.Tensor):
+            return Verdict(False, [f"fn(x, {name!r}) returned {type(scale).__name__}: return a tensor of scales"])
+        if tuple(scale.shape) != (x.shape[0], 1):
+            return Verdict(False, [f"{name}: the scales have shape {tuple(scale.shape)}; per row means one "
+                                   f"per row, shape ({x.shape[0]}, 1): x.abs().amax(dim=1, keepdim=True)"])
+        if scale.dtype != torch.float32:
+            passed = False
+            findings.append(f"{name}: the scales are {scale.dtype}; torch._scaled_mm takes float32 scales")
+        bad = [i for i, s in enumerate(scale.flatten().tolist()) if not (math.isfinite(s) and s > 0)]
+        if bad:
+            passed = False
+            words = "all zeros: its amax is 0, so its scale is inf, and 0 x inf is NaN" if zero_row in bad else "not finite and positive"
+            findings.append(f"{name}: the scale of row {bad[0]} is {scale.flatten()[bad[0]].item()} (row "
+                            f"{bad[0]} is {words}); floor the amax first, e.g. amax.clamp(min=1e-12)")
+            continue
+        peak = (x * scale.float()).abs().amax(dim=1).double()  # what the cast sees, in float32
+        nonzero = x.abs().amax(dim=1) > 0
+        over = [i for i in range(len(peak)) if fmt.overflows(peak[i])]  # 448.00003 still rounds to 448
+        low = [i for i in range(len(peak)) if nonzero[i] and peak[i] < top / 2]
+        if over:
+            passed = False
+            findings.append(f"{name}: row {over[0]} reaches {peak[over[0]].item():g} after scaling, too "
+                            f"large for {top:g}: it would saturate (or be NaN on torch before 2.13)")
+        if low:
+            passed = False
+            findings.append(f"{name}: row {low[0]}'s largest value lands at {peak[low[0]].item():g}, below "
+                            f"half of {top:g}: use scale = {top:g} / amax, so the row uses the whole range")
+        if not over and not low:
+            findings.append(f"{name}: right: every nonzero row's largest value lands between {top / 2:g} "
+                            f"and {top:g}, and the all-zero row gets a finite scale")
     return Verdict(passed, findings)

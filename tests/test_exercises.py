@@ -1,0 +1,108 @@
+"""The exercise checkers of lessons 03-05 give consistent, precise feedback."""
+
+import warnings
+
+import torch
+
+from amp_lessons.exercises import amp_step_as_given, check_amp_step, check_clipping_loop, check_setup
+from amp_lessons.models import mlp
+
+
+def _skip_by_scale(model, opt, scaler, scheduler, x, y):
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler.get_scale() < scale
+    if not skipped:
+        scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return skipped
+
+
+def _skip_by_loss(model, opt, scaler, scheduler, x, y):
+    """A valid alternative: do not step at all when the loss is not finite."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    if not torch.isfinite(loss):
+        opt.zero_grad(set_to_none=True)
+        return True
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return False
+
+
+def test_both_ways_of_skipping_are_accepted_without_contradictions():
+    for step in (_skip_by_scale, _skip_by_loss):
+        verdict = check_amp_step(step, "cpu")
+        assert verdict.passed, str(verdict)
+        text = str(verdict)
+        assert "scale the loss" not in text and "skipped steps [0, 3]" in text and "applied the other 4" in text
+
+
+def test_the_given_step_is_refused_for_its_two_bugs():
+    verdict = check_amp_step(amp_step_as_given, "cpu")
+    assert not verdict.passed
+    assert "returns True on steps []" in str(verdict) and "scheduler stepped 6 times for 4" in str(verdict)
+
+
+def test_a_step_that_lets_an_inf_through_is_named():
+    def no_scaler(model, opt, scaler, scheduler, x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        scheduler.step()
+        opt.zero_grad(set_to_none=True)
+        return False
+
+    verdict = check_amp_step(no_scaler, "cpu")
+    assert not verdict.passed and "the batches [0, 3] hold an inf, yet the optimizer stepped" in str(verdict)
+
+
+def _unscale_every_micro_batch(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type)
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)) / accum_steps
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_a_loop_that_raises_gets_no_findings_about_what_never_ran():
+    verdict = check_clipping_loop(_unscale_every_micro_batch, False)
+    text = str(verdict)
+    assert not verdict.passed and "unscale_() has already been called" in text
+    assert "no longer clips" not in text and "for 6 optimizer steps" not in text and "weights moved" not in text
+    assert "fixed: the GradScaler is built for the model's device" in text
+
+
+def test_setup_checker_explains_half_with_a_scaler_and_a_scaler_without_device():
+    def half_with_scaler(device_type):
+        model = mlp(64, 64, 10).to(device_type).half()
+        return model, torch.optim.Adam(model.parameters(), eps=1e-4), torch.amp.GradScaler(device_type), torch.float16
+
+    def no_device(device_type):
+        model = mlp(64, 64, 10).to(device_type)
+        return model, torch.optim.Adam(model.parameters()), torch.amp.GradScaler(), torch.float16
+
+    text = str(check_setup(half_with_scaler, "cpu"))
+    assert "Attempting to unscale FP16 gradients" in text and "model.half() made them" in text
+    if not torch.cuda.is_available():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = str(check_setup(no_device, "cpu"))
+        assert "built for 'cuda' (what torch.amp.GradScaler() means when no device is given)" in text
+        assert "float16 without a GradScaler" not in text
