@@ -19,6 +19,8 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``bench``      ``python -m amp_lessons bench`` (05)
 - ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
 - ``show``       ``expect_error``: a cell that fails on purpose prints and goes on (00, 02, 04)
+- ``errors``     the messages of lesson 06, reproduced from minimal loops, and their fixes (06)
+- ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's source (06)
 """
 
 from .hardware import hardware_report, pick_device

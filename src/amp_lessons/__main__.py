@@ -1,4 +1,4 @@
-"""Command line: ``python -m amp_lessons doctor``, ``bench`` and ``selfcheck``."""
+"""Command line: ``python -m amp_lessons doctor``, ``bench``, ``selfcheck`` and ``lint``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import selfcheck
 
     selfcheck.add_parser(sub)
+    from . import lint
+
+    lint.add_parser(sub)  # python -m amp_lessons lint FILE.py (lesson 06)
     return parser
 
 

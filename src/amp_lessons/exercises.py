@@ -608,3 +608,167 @@ def check_row_scale(fn) -> Verdict:
             findings.append(f"{name}: right: every nonzero row's largest value lands between {top / 2:g} "
                             f"and {top:g}, and the all-zero row gets a finite scale")
     return Verdict(passed, findings)
+
+# --- 06_error_messages ---------------------------------------------------------------
+
+
+def two_model_loop_as_given(models, optimizers, schedulers, batches):
+    """06's exercise: two models trained in fp16 with one GradScaler, an lr scheduler each.
+    Three lines are wrong."""
+    scaler = torch.amp.GradScaler()
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        for opt, scheduler in zip(optimizers, schedulers):
+            scaler.step(opt)
+            scaler.update()
+            scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def check_two_model_loop(loop, steps: int = 4) -> Verdict:
+    """06: check the learner's ``loop(models, optimizers, schedulers, batches)`` two ways.
+
+    Its source is read by :func:`amp_lessons.lint.check_loop`. Then it is run on two tiny
+    MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, the first holding an inf, as on a
+    machine without CUDA (the same on every machine), with every GradScaler and its calls
+    recorded: the scaler's device, one ``update()`` per iteration, each scheduler stepping
+    exactly when its optimizer did, no warnings, finite weights.
+    """
+    import inspect
+    import warnings
+
+    from .clipping import record_amp_calls
+    from .errors import tiny_batches, tiny_model, without_cuda
+    from .lint import LintError, check_loop
+    from .scaling import SCHEDULER_WARNING, optimizer_steps
+
+    findings, passed = [], True
+
+    def bug(text):
+        nonlocal passed
+        passed = False
+        findings.append("bug: " + text)
+
+    models = [tiny_model(1), tiny_model(2)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
+    error = None
+    with without_cuda(), record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loop(models, optimizers, schedulers, tiny_batches(steps, bad=(0,)))
+        except Exception as err:  # the learner's loop: report it, do not crash the checker
+            error = err
+    if error is not None:
+        bug(f"the loop raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+
+    if not log.scalers:
+        bug("no torch.amp.GradScaler(...) was built in the loop: fp16 needs one")
+    elif not log.scalers[0]["device_given"]:
+        bug("torch.amp.GradScaler() was built without a device: without CUDA it warned and disabled "
+            "itself, so nothing was scaled or skipped. Pass the device: torch.amp.GradScaler('cpu')")
+    elif not log.scalers[0]["enabled"]:
+        bug(f"the GradScaler is off (device {log.scalers[0]['device']!r}): build it for 'cpu'")
+    else:
+        findings.append("fixed: the GradScaler is built for the cpu and is on")
+
+    updates = log.count("update")
+    if updates == steps:
+        findings.append(f"fixed: scaler.update() ran once per iteration ({steps} times)")
+    else:
+        bug(f"scaler.update() ran {updates} times in {steps} iterations: call scaler.step(opt) for "
+            "each optimizer, then scaler.update() once")
+
+    taken = [optimizer_steps(o) for o in optimizers]
+    stepped = [s.last_epoch for s in schedulers]
+    warned = any(SCHEDULER_WARNING in str(w.message) for w in caught)
+    if stepped != taken or warned:
+        bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps"
+            + (", and PyTorch warned 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'"
+               if warned else "") + ": step a scheduler only when the step was not skipped")
+    elif taken == [steps] * len(taken):
+        passed = False
+        findings.append(f"not seen yet: no step was skipped (AdamW stepped {taken[0]} of {steps} times), "
+                        "so the schedulers' guard could not be checked")
+    else:
+        findings.append(f"fixed: each scheduler stepped {stepped[0]} times, once per AdamW step "
+                        f"(the skipped first step moved neither)")
+    if not all(torch.isfinite(p).all() for m in models for p in m.parameters()):
+        bug("the weights now hold inf/NaN: the batch with an inf reached the optimizers")
+    others = sorted({str(w.message) for w in caught if SCHEDULER_WARNING not in str(w.message)})
+    findings += [f"warning from your loop: {w}" for w in others]
+
+    try:
+        static = check_loop(inspect.getsource(loop))
+    except (LintError, OSError, TypeError) as err:
+        findings.append(f"(the loop checker could not read your function's source: {err})")
+    else:
+        for f in static:
+            if f.kind == "mistake":
+                passed = False
+            findings.append(f"check_loop: line {f.line} of your function: [{f.code}] (lesson {f.lesson})")
+        if not static:
+            findings.append("check_loop finds nothing in your function")
+    return Verdict(passed, findings)
+
+
+# --- 07_beyond_one_device ------------------------------------------------------------
+
+
+POLICY_STAGES = {
+    "sharded": "the sharded parameter, kept between steps",
+    "forward": "the parameter in forward (all-gathered)",
+    "reduce_scatter": "what the reduce-scatter sends",
+    "gradient": "the gradient left in the sharded parameter",
+}
+
+
+def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
+    """07: the learner's dtypes for one FSDP2 run, against what its ranks recorded.
+
+    ``prediction`` maps each of :data:`POLICY_STAGES` to a dtype (``torch.float16``,
+    ``"bf16"``, ``"float32"``, ...) and ``"op"`` to ``"avg"`` or ``"sum"``; ``record`` is one
+    rank's record of an ``fsdp_job`` (``run[name][0]``).
+    """
+    from .distributed import policy_label, policy_stages
+    from .precision import parse_precision
+
+    truth = policy_stages(record)
+    names = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    findings, passed = [], True
+    if not isinstance(prediction, dict):
+        return Verdict(False, ["answer with a dict: {'sharded': ..., 'forward': ..., 'reduce_scatter': ..., "
+                               "'gradient': ..., 'op': ...}"])
+    for key, what in POLICY_STAGES.items():
+        said, right = prediction.get(key), names[truth[key]]
+        try:
+            said = None if said is None else parse_precision(said)
+        except ValueError as err:
+            passed = False
+            findings.append(f"{key}: {err}")
+            continue
+        if said == right:
+            findings.append(f"right: {what} is {truth[key]}")
+        else:
+            passed = False
+            findings.append(f"{key}: {'no answer yet' if said is None else f'not {said}'}; think about {what}"
+                            + _POLICY_HINTS[key])
+    op = prediction.get("op")
+    if op == truth["op"]:
+        findings.append(f"right: the reduce-scatter op is {op}")
+    else:
+        passed = False
+        findings.append(f"op: {'no answer yet' if op is None else f'not {op!r}'}; 'avg' or 'sum'? float16 "
+                        "can overflow where float32 and bfloat16 cannot")
+    findings.append(f"(the run: MixedPrecisionPolicy{policy_label(record)})")
+    return Verdict(passed, findings)
+
+
+_POLICY_HINTS = {
+    "sharded": ": AdamW updates it, whatever param_dtype is",
+    "forward": ": FSDP2 casts the shard to param_dtype before gathering it",
+    "reduce_scatter": ": reduce_dtype=None means the gradients' own dtype",
+    "gradient": ": the optimizer steps the sharded parameter with it",
+}

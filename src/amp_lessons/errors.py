@@ -1,0 +1,526 @@
+"""The messages of lesson 06, made on purpose: a minimal loop for each, and its fix.
+
+Used in 06_error_messages. Each loop is a few lines on a tiny MLP (8 -> 16 -> 4) and runs
+on the CPU in milliseconds, so the messages come out the same on every machine; the
+lesson prints each loop's source and runs it. The broken loops double as test cases for
+:func:`amp_lessons.lint.check_loop` (tests/test_lint.py): each has exactly the finding of
+its mistake, each fix has none.
+
+Two messages belong to CUDA: ``binary_cross_entropy`` is refused by CUDA autocast (CPU
+autocast runs it in float32), and bf16 on a T4 is emulated. On a machine without CUDA the
+first is *replayed*: CUDA autocast's real dispatch runs on fake CUDA tensors
+(``FakeTensorMode``, no GPU needed), and the second is *simulated* by patching the device
+queries ``torch.cuda.is_bf16_supported`` reads. :func:`selfcheck` (``make gpu-check``)
+runs the real thing on a CUDA device, and says which it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .claims import Verdict, check
+
+DEVICE = torch.device("cpu")  # every reproduction runs here: the same messages on every machine
+BCE_MESSAGE = "unsafe to autocast"
+
+
+def tiny_model(seed: int = 0) -> nn.Sequential:
+    """An 8 -> 16 -> 4 MLP with ReLU, built under its own seed (the global RNG is left alone)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def tiny_batches(n: int = 4, size: int = 16, seed: int = 0, bad=()) -> list:
+    """``n`` batches ``(x, y)`` of random inputs and 4-class labels; the batches in ``bad``
+    hold an inf (a corrupt example), so their fp16 step is skipped."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        x, y = torch.randn(size, 8, generator=g), torch.randint(0, 4, (size,), generator=g)
+        if i in bad:
+            x[0, 0] = float("inf")
+        out.append((x, y))
+    return out
+
+
+def caught_warnings(fn, *args, **kwargs) -> tuple[list[warnings.WarningMessage], object]:
+    """Run ``fn`` and return ``(every warning it raised, its result)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return list(caught), result
+
+
+# --- 1. the lr_scheduler warning -------------------------------------------------------------
+
+
+def train_stepping_scheduler_always(model, opt, scheduler, batches):
+    """Mistake (row 1): the scheduler steps every iteration, also after a skipped step."""
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scheduler.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def train_stepping_scheduler_after_real_steps(model, opt, scheduler, batches):
+    """Fix (row 1): step the scheduler only when the optimizer stepped (the scale did not drop)."""
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        if scaler.get_scale() >= scale:  # the step was not skipped
+            scheduler.step()
+        opt.zero_grad(set_to_none=True)
+
+
+@dataclass(frozen=True)
+class SchedulerRun:
+    """What one run of a row-1 loop did: its warnings and the two step counts."""
+
+    warnings: list
+    optimizer_steps: int
+    scheduler_steps: int
+    lr: float
+
+    def __str__(self) -> str:
+        return (f"{len(self.warnings)} warning{'s' * (len(self.warnings) != 1)}; AdamW stepped "
+                f"{self.optimizer_steps} times, the scheduler {self.scheduler_steps} times; lr now {self.lr:g}")
+
+
+def scheduler_run(loop, skip_at: int, steps: int = 4, lr: float = 0.01) -> SchedulerRun:
+    """Run ``loop`` for ``steps`` batches with AdamW and ``StepLR(step_size=1, gamma=0.5)``,
+    the batch ``skip_at`` holding an inf (so GradScaler skips that step)."""
+    from .scaling import optimizer_steps
+
+    model = tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    caught, _ = caught_warnings(loop, model, opt, scheduler, tiny_batches(steps, bad=(skip_at,)))
+    return SchedulerRun([str(w.message) for w in caught], optimizer_steps(opt), scheduler.last_epoch,
+                        opt.param_groups[0]["lr"])
+
+
+# --- 2. unscale_ twice --------------------------------------------------------------------
+
+
+def accumulate_unscaling_every_micro_batch(model, opt, scaler, batches, max_norm, dtype=torch.float16):
+    """Mistake (row 2): unscale_ and the clip inside the micro-batch loop, the step after it."""
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=dtype):
+            loss = F.cross_entropy(model(x), y) / len(batches)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # the second micro-batch calls it again before update()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def accumulation_run(loop, k: int = 4) -> str:
+    """One optimizer step of ``k`` micro-batches with ``loop`` (the signature of
+    :func:`amp_lessons.clipping.accumulate`); says what the optimizer and the scaler did."""
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    loop(model, opt, scaler, tiny_batches(k), max_norm=1.0)
+    moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    return f"{k} micro-batches, one step: weights changed {moved}, scale {scaler.get_scale():g}"
+
+
+# --- 3. one scaler, several optimizers ----------------------------------------------------
+
+
+def step_two_optimizers_updating_each(models, opts, scaler, x, y):
+    """Mistake (row 3): two models, two optimizers, one scaler: update() after each step."""
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = sum(F.cross_entropy(model(x), y) for model in models)
+    scaler.scale(loss).backward()
+    for opt in opts:
+        scaler.step(opt)
+        scaler.update()  # the second optimizer is unscaled with the new scale
+
+
+def step_two_optimizers(models, opts, scaler, x, y):
+    """Fix (row 3): scaler.step(opt) for each optimizer, then scaler.update() once."""
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = sum(F.cross_entropy(model(x), y) for model in models)
+    scaler.scale(loss).backward()
+    for opt in opts:
+        scaler.step(opt)
+    scaler.update()
+
+
+def two_optimizer_run(step, steps: int = 3, init_scale: float = 2.0**10, growth_interval: int = 1) -> list:
+    """Run ``step`` ``steps`` times on two tiny models with SGD and one
+    ``GradScaler(init_scale, growth_interval)``. Per iteration: ``(scale at backward, scale
+    after, [gradient applied / true gradient, per model])``. The true gradient is the one
+    backward produced divided by the scale backward ran with, read with a hook."""
+    models = [tiny_model(1), tiny_model(2)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
+    raw = {}
+    for m in models:
+        for p in m.parameters():
+            p.register_hook(lambda g, p=p: raw.__setitem__(p, g.detach().clone()))
+    rows = []
+    for x, y in tiny_batches(steps):
+        scale = scaler.get_scale()
+        step(models, opts, scaler, x, y)
+        ratios = []
+        for m in models:
+            used = torch.cat([p.grad.flatten() for p in m.parameters()])
+            true = torch.cat([raw[p].flatten() for p in m.parameters()]) / scale
+            ratios.append(float((used[true != 0] / true[true != 0]).median()))
+        rows.append((scale, scaler.get_scale(), ratios))
+    return rows
+
+
+def describe_two_optimizer_run(rows) -> str:
+    """:func:`two_optimizer_run`'s rows as lines of text."""
+    return "\n".join(f"step {i}: backward at scale {s:>6g}, scale after {after:>6g}; applied/true "
+                     f"gradient: model 1 x{r[0]:g}, model 2 x{r[1]:g}"
+                     for i, (s, after, r) in enumerate(rows))
+
+
+# --- 4. model.half() with a GradScaler ----------------------------------------------------
+
+
+def train_half_model(model, batches):
+    """Mistake (row 4): the model in float16 (model.half()) with a GradScaler."""
+    model.half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        loss = F.cross_entropy(model(x.half()), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def train_recipe(model, batches, dtype=torch.float16):
+    """Fix (row 4): the card's recipe in a loop: float32 weights, autocast, a GradScaler."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=(dtype == torch.float16))
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=dtype):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    return opt, scaler
+
+
+# --- 5. the autocast edge -----------------------------------------------------------------
+
+
+def head_outside_autocast(body, head, x, dtype=torch.bfloat16):
+    """Mistake (row 5): the body under autocast, the head after the with-block."""
+    with torch.autocast("cpu", dtype=dtype):
+        h = body(x)  # a 16-bit activation
+    return head(h)  # float32 weights meet it outside autocast
+
+
+def head_inside_autocast(body, head, x, dtype=torch.bfloat16):
+    """Fix (row 5): the whole forward under autocast (or ``head(h.float())`` to keep it float32)."""
+    with torch.autocast("cpu", dtype=dtype):
+        return head(body(x))
+
+
+# --- 6. fp16 overflow ---------------------------------------------------------------------
+
+
+def attention(q, k, v, dtype=torch.float16, scale_first: bool = False):
+    """Attention scores ``q @ k.T``, softmax, weighted sum, under autocast. ``scale_first``
+    divides ``q`` by sqrt(d) before the matmul instead of never (the usual place is after
+    the matmul, which is too late in fp16). Returns ``(scores, weights, output)``."""
+    with torch.autocast("cpu", dtype=dtype):
+        if scale_first:
+            q = q / q.shape[-1] ** 0.5
+        scores = q @ k.T
+        weights = torch.softmax(scores, dim=-1)
+        return scores, weights, weights @ v
+
+
+def overflow_report(scores, weights, output) -> str:
+    """Counts of inf and NaN along the attention, and the loss that follows."""
+    loss = output.float().pow(2).mean()
+    return (f"{scores.dtype}: scores inf {int(scores.isinf().sum())} of {scores.numel()}; weights NaN "
+            f"{int(weights.isnan().sum())} of {weights.numel()}; loss finite: {bool(loss.isfinite())}")
+
+
+# --- 7. torch.cuda.amp is deprecated --------------------------------------------------------
+
+
+def deprecated_spellings() -> list[tuple[str, str]]:
+    """``(spelling, the FutureWarning it raises)`` for the old ``torch.cuda.amp`` / ``torch.cpu.amp``
+    spellings. Other warnings (CUDA not available here) are left out: they depend on the machine."""
+    makers = {
+        "torch.cuda.amp.autocast()": lambda: torch.cuda.amp.autocast(),
+        "torch.cuda.amp.GradScaler()": lambda: torch.cuda.amp.GradScaler(),
+        "torch.cpu.amp.autocast()": lambda: torch.cpu.amp.autocast(),
+    }
+    out = []
+    for spelling, make in makers.items():
+        caught, _ = caught_warnings(make)
+        future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+        out.append((spelling, future[0] if future else "(no FutureWarning)"))
+    return out
+
+
+def current_spellings_warnings() -> list[str]:
+    """The FutureWarnings of the ``torch.amp`` spellings (none)."""
+    def build():
+        with torch.amp.autocast("cpu", dtype=torch.bfloat16), torch.autocast("cpu", dtype=torch.bfloat16):
+            pass
+        return torch.amp.GradScaler("cpu")
+
+    caught, _ = caught_warnings(build)
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+# --- 8. GradScaler() without a device -------------------------------------------------------
+
+
+@contextlib.contextmanager
+def without_cuda():
+    """Inside, torch reports no CUDA (``torch.cuda.is_available()`` is False), as on a machine
+    without a GPU; on such a machine it changes nothing. Restored on exit."""
+    real = torch.cuda.is_available
+    torch.cuda.is_available = lambda: False
+    try:
+        yield
+    finally:
+        torch.cuda.is_available = real
+
+
+def default_scaler_report() -> str:
+    """``torch.amp.GradScaler()`` built as on a machine without CUDA: its warning, whether
+    it is enabled, and what ``scale(loss)`` returns."""
+    with without_cuda():
+        caught, scaler = caught_warnings(torch.amp.GradScaler)
+    loss = torch.tensor(0.5)
+    said = "; ".join(str(w.message) for w in caught) or "(no warning)"
+    return (f"warning: {said}\nenabled: {scaler.is_enabled()}; get_scale(): {scaler.get_scale():g}; "
+            f"scale(loss) is loss: {scaler.scale(loss) is loss}")
+
+
+# --- 9. gradient penalty ------------------------------------------------------------------
+
+
+def penalty_step(model, opt, scaler, x, y, unscale: bool = True):
+    """A gradient-penalty step with a GradScaler, as in PyTorch's AMP examples (row 9).
+    ``unscale=False`` forgets to unscale the gradients the penalty is computed from."""
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    params = list(model.parameters())
+    grads = torch.autograd.grad(scaler.scale(loss), params, create_graph=True)  # scaled gradients
+    if unscale:
+        inv_scale = 1.0 / scaler.get_scale()
+        grads = [g * inv_scale for g in grads]  # the penalty needs the true gradients
+    with torch.autocast("cpu", dtype=torch.float16):
+        penalty = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+        loss = loss + penalty
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return penalty.detach()
+
+
+def penalty_run(unscale: bool, steps: int = 4) -> tuple[list[float], list[float]]:
+    """:func:`penalty_step` ``steps`` times on the tiny MLP: ``(penalties, scales after each step)``."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    penalties, scales = [], []
+    for x, y in tiny_batches(steps):
+        penalties.append(float(penalty_step(model, opt, scaler, x, y, unscale=unscale)))
+        scales.append(scaler.get_scale())
+    return penalties, scales
+
+
+# --- 10. binary_cross_entropy: CPU runs it, CUDA refuses it -----------------------------------
+
+
+def bce_under_autocast(dtype=torch.bfloat16) -> str:
+    """``F.binary_cross_entropy(sigmoid(logits), y)`` under CPU autocast: the dtypes it ran in."""
+    model = nn.Linear(8, 1)
+    x, y = torch.randn(16, 8), torch.randint(0, 2, (16, 1)).float()
+    with torch.autocast("cpu", dtype=dtype):
+        p = torch.sigmoid(model(x))
+        loss = F.binary_cross_entropy(p, y)
+    return f"probabilities {p.dtype}, loss {loss.dtype}"
+
+
+@contextlib.contextmanager
+def replayed_cuda_autocast(dtype=torch.float16):
+    """CUDA autocast without a GPU: inside, tensors made with ``device="cuda"`` are fake
+    (``FakeTensorMode``: shapes, dtypes and devices, no data) and CUDA autocast is on, so
+    each op goes through CUDA autocast's real dispatch: its casts, its float32 list, its
+    refusals. Nothing runs on a GPU; values are not computed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        with FakeTensorMode():
+            yield
+    finally:
+        torch.set_autocast_enabled("cuda", was[0])
+        torch.set_autocast_dtype("cuda", was[1])
+
+
+def cuda_bce(loss: str = "bce", real: bool = False) -> str:
+    """What CUDA autocast (float16) does with ``loss`` ("bce": ``binary_cross_entropy`` of
+    probabilities; "logits": ``binary_cross_entropy_with_logits``): ``"RuntimeError: ..."`` or
+    the loss's dtype. ``real=True`` runs on this machine's GPU; otherwise it is replayed."""
+    def run(device):
+        logits, y = torch.zeros(16, 1, device=device), torch.ones(16, 1, device=device)
+        if loss == "bce":
+            out = F.binary_cross_entropy(torch.sigmoid(logits), y)
+        elif loss == "logits":
+            out = F.binary_cross_entropy_with_logits(logits, y)
+        else:
+            raise ValueError(f"loss must be 'bce' or 'logits'; got {loss!r}")
+        return f"ran: loss {out.dtype}"
+
+    try:
+        if real:
+            with torch.autocast("cuda", dtype=torch.float16):
+                return run("cuda")
+        with replayed_cuda_autocast(torch.float16):
+            return run("cuda")
+    except RuntimeError as err:
+        return f"RuntimeError: {err}"
+
+
+def cuda_bce_raises(device=None) -> Verdict:
+    """The verdict on "CUDA autocast refuses binary_cross_entropy (unsafe to autocast)":
+    on a CUDA device the real thing (and the replay, which must say the same); elsewhere the
+    replay on fake CUDA tensors, and the verdict says so."""
+    from .hardware import pick_device
+
+    dev = pick_device(device)
+    replay = cuda_bce("bce")
+    claim = "CUDA autocast refuses binary_cross_entropy ('unsafe to autocast') and runs BCEWithLogits"
+    logits_ok = cuda_bce("logits", real=dev.type == "cuda") == "ran: loss torch.float32"
+    if dev.type == "cuda":
+        real = cuda_bce("bce", real=True)
+        return check(claim, BCE_MESSAGE in real and real == replay and logits_ok,
+                     f"run on {dev}; the replay said the same: {real == replay}")
+    return check(claim, BCE_MESSAGE in replay and logits_ok,
+                 "replayed on fake CUDA tensors: this machine has no CUDA")
+
+
+# --- 11. bf16 on a T4 ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def simulated_t4():
+    """Inside, torch's device queries answer as on Colab's T4 (compute capability 7.5, where a
+    bf16 tensor can be made, by emulation): ``torch.cuda.is_bf16_supported`` itself is not
+    patched, so its own logic gives the answers. Restored on exit."""
+    props = SimpleNamespace(major=7, minor=5, name="Tesla T4", total_memory=15 * 2**30)
+    patches = {
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "get_device_properties": lambda device=None: props,
+        "_check_bf16_tensor_supported": lambda device=None: True,  # a T4 can hold bf16 tensors
+    }
+    saved = {name: getattr(torch.cuda, name) for name in patches}
+    try:
+        for name, fn in patches.items():
+            setattr(torch.cuda, name, fn)
+        yield props
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+
+
+def t4_bf16_answers() -> dict:
+    """On a simulated T4: what ``is_bf16_supported()`` says with and without emulation, and
+    what the course's hardware report makes of it."""
+    from .hardware import hardware_report
+
+    with simulated_t4():
+        report = hardware_report("cuda")
+        return {
+            "torch.cuda.is_bf16_supported()": torch.cuda.is_bf16_supported(),
+            "torch.cuda.is_bf16_supported(including_emulation=False)":
+                torch.cuda.is_bf16_supported(including_emulation=False),
+            "report: bfloat16": dict(report.rows())["bfloat16"],
+            "report: recommended precision": dict(report.rows())["recommended precision"],
+        }
+
+
+def t4_bf16_verdict(device=None) -> Verdict:
+    """The verdict on "a T4 says bf16 is supported only by emulation": real on a pre-Ampere
+    CUDA GPU, simulated elsewhere (and labelled so)."""
+    from .hardware import pick_device
+
+    dev = pick_device(device)
+    claim = "a pre-Ampere GPU reports bf16 only through emulation, and the course recommends fp16 there"
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 0):
+        from .hardware import hardware_report
+
+        report = hardware_report(dev)
+        holds = (torch.cuda.is_bf16_supported() and not report.bf16_native
+                 and report.recommended == "fp16")
+        return check(claim, holds, f"run on {torch.cuda.get_device_name(dev)}")
+    answers = t4_bf16_answers()
+    holds = (answers["torch.cuda.is_bf16_supported()"]
+             and not answers["torch.cuda.is_bf16_supported(including_emulation=False)"]
+             and answers["report: recommended precision"].startswith("fp16"))
+    return check(claim, holds, "simulated T4 (compute capability 7.5): this machine has no pre-Ampere GPU")
+
+
+# --- the GPU self-check ---------------------------------------------------------------------
+
+
+def default_scaler_verdict(device=None) -> Verdict:
+    """The verdict on "GradScaler() means 'cuda': enabled where CUDA is, off (with a warning) where not"."""
+    from .hardware import pick_device
+
+    dev = pick_device(device)
+    with without_cuda():
+        caught, off = caught_warnings(torch.amp.GradScaler)
+    holds = not off.is_enabled() and any("CUDA is not available" in str(w.message) for w in caught)
+    figures = "without CUDA: disabled, with its warning"
+    if dev.type == "cuda":
+        caught, on = caught_warnings(torch.amp.GradScaler)
+        holds = holds and on.is_enabled() and not caught
+        figures += f"; on {dev}: enabled, no warning"
+    return check("GradScaler() without a device is a CUDA scaler: off, with a warning, where there is no CUDA",
+                 holds, figures)
+
+
+def selfcheck(device=None) -> list[Verdict]:
+    """Lesson 06's statements about devices, checked on ``device`` (``make gpu-check``):
+    binary_cross_entropy under CUDA autocast, bf16 on a T4, GradScaler() without a device."""
+    return [cuda_bce_raises(device), t4_bf16_verdict(device), default_scaler_verdict(device)]

@@ -1,0 +1,206 @@
+"""Lesson 06's reproductions (amp_lessons.errors): each message exactly as torch prints
+it, each fix running, the replayed and simulated CUDA answers, and 06's exercise checker."""
+
+import inspect
+
+import pytest
+import torch
+
+from amp_lessons import clipping, errors
+from amp_lessons.exercises import check_two_model_loop, two_model_loop_as_given
+from amp_lessons.show import expect_error
+
+SCHEDULER = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+
+
+def test_scheduler_warns_only_when_the_first_step_is_skipped():
+    first = errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at=0)
+    assert len(first.warnings) == 1 and first.warnings[0].startswith(SCHEDULER)
+    later = errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at=2)
+    assert later.warnings == []  # silent, yet the schedule is one step ahead
+    for run in (first, later):
+        assert (run.optimizer_steps, run.scheduler_steps, run.lr) == (3, 4, 0.01 * 0.5**4)
+    for skip_at in (0, 2):
+        fixed = errors.scheduler_run(errors.train_stepping_scheduler_after_real_steps, skip_at)
+        assert (fixed.warnings, fixed.optimizer_steps, fixed.scheduler_steps) == ([], 3, 3)
+    assert str(later) == "0 warnings; AdamW stepped 3 times, the scheduler 4 times; lr now 0.000625"
+
+
+def test_unscale_twice_raises_and_the_recipe_runs(capsys):
+    with expect_error(RuntimeError):
+        errors.accumulation_run(errors.accumulate_unscaling_every_micro_batch)
+    assert capsys.readouterr().out == ("RuntimeError: unscale_() has already been called on this "
+                                       "optimizer since the last update().\n")
+    assert errors.accumulation_run(clipping.accumulate) == (
+        "4 micro-batches, one step: weights changed True, scale 65536")
+
+
+def test_update_per_optimizer_unscales_the_second_model_wrongly():
+    wrong = errors.two_optimizer_run(errors.step_two_optimizers_updating_each)
+    right = errors.two_optimizer_run(errors.step_two_optimizers)
+    assert [r[2] for r in wrong] == [[1.0, 0.5]] * 3  # the scale doubled between the two steps
+    assert [r[2] for r in right] == [[1.0, 1.0]] * 3
+    assert [(s, a) for s, a, _ in right] == [(1024, 2048), (2048, 4096), (4096, 8192)]
+    assert [(s, a) for s, a, _ in wrong] == [(1024, 4096), (4096, 16384), (16384, 65536)]
+    assert "model 2 x0.5" in errors.describe_two_optimizer_run(wrong)
+
+
+def test_half_model_with_a_scaler_raises_and_the_recipe_runs():
+    with pytest.raises(ValueError, match=r"^Attempting to unscale FP16 gradients\.$"):
+        errors.train_half_model(errors.tiny_model(), errors.tiny_batches())
+    model = errors.tiny_model()
+    opt, scaler = errors.train_recipe(model, errors.tiny_batches())
+    assert scaler.is_enabled() and all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.bfloat16, "BFloat16"), (torch.float16, "Half")])
+def test_autocast_edge(dtype, name):
+    body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+    head = torch.nn.Linear(16, 4)
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError) as err:
+        errors.head_outside_autocast(body, head, x, dtype)
+    assert str(err.value) == f"mat1 and mat2 must have the same dtype, but got {name} and Float"
+    assert errors.head_inside_autocast(body, head, x, dtype).dtype == dtype
+
+
+def test_fp16_overflow_and_its_fixes():
+    q = torch.full((4, 512), 16.0)
+    assert errors.overflow_report(*errors.attention(q, q, q, torch.float16)) == (
+        "torch.float16: scores inf 16 of 16; weights NaN 16 of 16; loss finite: False")
+    for dtype, scale_first in ((torch.bfloat16, False), (torch.float16, True)):
+        report = errors.overflow_report(*errors.attention(q, q, q, dtype, scale_first))
+        assert report.endswith("scores inf 0 of 16; weights NaN 0 of 16; loss finite: True")
+
+
+def test_deprecated_spellings_warn_and_torch_amp_does_not():
+    said = dict(errors.deprecated_spellings())
+    assert said == {
+        "torch.cuda.amp.autocast()": "`torch.cuda.amp.autocast(args...)` is deprecated. Please use "
+                                     "`torch.amp.autocast('cuda', args...)` instead.",
+        "torch.cuda.amp.GradScaler()": "`torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
+                                       "`torch.amp.GradScaler('cuda', args...)` instead.",
+        "torch.cpu.amp.autocast()": "`torch.cpu.amp.autocast(args...)` is deprecated. Please use "
+                                    "`torch.amp.autocast('cpu', args...)` instead.",
+    }
+    assert errors.current_spellings_warnings() == []
+
+
+def test_default_scaler_without_cuda():
+    real = torch.cuda.is_available
+    assert errors.default_scaler_report() == (
+        "warning: torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.\n"
+        "enabled: False; get_scale(): 1; scale(loss) is loss: True")
+    assert torch.cuda.is_available is real  # restored
+
+
+def test_gradient_penalty_needs_unscaled_gradients():
+    right, right_scales = errors.penalty_run(unscale=True)
+    wrong, wrong_scales = errors.penalty_run(unscale=False)
+    assert wrong[0] / right[0] == pytest.approx(65536, rel=1e-4)  # same weights at step 0
+    assert right_scales == [65536.0] * 4
+    assert wrong_scales == [32768.0, 16384.0, 8192.0, 4096.0]  # every step skipped
+
+
+def test_bce_cpu_runs_in_float32_and_cuda_refuses_it_replayed():
+    assert errors.bce_under_autocast() == "probabilities torch.bfloat16, loss torch.float32"
+    refused = errors.cuda_bce("bce")
+    assert refused.startswith("RuntimeError: torch.nn.functional.binary_cross_entropy and "
+                              "torch.nn.BCELoss are unsafe to autocast.")
+    assert errors.cuda_bce("logits") == "ran: loss torch.float32"
+    assert not torch.is_autocast_enabled("cuda")  # the replay restored CUDA autocast's state
+    with pytest.raises(ValueError, match="loss must be 'bce' or 'logits'"):
+        errors.cuda_bce("mse")
+
+
+def test_the_replay_sees_cuda_autocast_lists():
+    """The replay is CUDA autocast's real dispatch: matmul casts to fp16, softmax to fp32."""
+    with errors.replayed_cuda_autocast(torch.float16):
+        a = torch.zeros(4, 4, device="cuda")
+        assert (a @ a).dtype == torch.float16
+        assert torch.softmax(a @ a, -1).dtype == torch.float32
+
+
+def test_simulated_t4():
+    real = torch.cuda.is_available
+    assert errors.t4_bf16_answers() == {
+        "torch.cuda.is_bf16_supported()": True,
+        "torch.cuda.is_bf16_supported(including_emulation=False)": False,
+        "report: bfloat16": "emulated only (slow)",
+        "report: recommended precision": "fp16 + GradScaler",
+    }
+    assert torch.cuda.is_available is real
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the labels below are the CPU-only ones")
+def test_selfcheck_on_cpu_replays_and_simulates():
+    verdicts = errors.selfcheck("cpu")
+    assert [v.holds for v in verdicts] == [True, True, True]
+    assert "replayed on fake CUDA tensors" in verdicts[0].figures
+    assert "simulated T4" in verdicts[1].figures
+
+
+# --- 06's exercise ----------------------------------------------------------------------------
+
+
+def solved(models, optimizers, schedulers, batches):
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for opt, scheduler in zip(optimizers, schedulers):
+            if scaler.get_scale() >= scale:  # not skipped
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def device_fixed_only(models, optimizers, schedulers, batches):
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        for opt, scheduler in zip(optimizers, schedulers):
+            scaler.step(opt)
+            scaler.update()
+            scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def test_exercise_as_given():
+    verdict = check_two_model_loop(two_model_loop_as_given)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: torch.amp.GradScaler() was built without a device" in text
+    assert "bug: scaler.update() ran 8 times in 4 iterations" in text
+    assert "not seen yet: no step was skipped" in text
+    assert "bug: the weights now hold inf/NaN" in text
+    assert sum(line.strip().startswith("- check_loop: line") for line in text.splitlines()) == 3
+
+
+def test_exercise_fixing_the_device_reveals_the_scheduler():
+    text = str(check_two_model_loop(device_fixed_only))
+    assert "fixed: the GradScaler is built for the cpu and is on" in text
+    assert "bug: the schedulers stepped [4, 4] times for [3, 3] AdamW steps, and PyTorch warned" in text
+    assert "bug: the weights" not in text
+
+
+def test_exercise_solved():
+    verdict = check_two_model_loop(solved)
+    assert verdict.passed, str(verdict)
+    assert "fixed: each scheduler stepped 3 times, once per AdamW step" in str(verdict)
+    assert "check_loop finds nothing in your function" in str(verdict)
+
+
+def test_exercise_reports_a_crashing_loop():
+    def crashing(models, optimizers, schedulers, batches):
+        raise KeyError("oops")
+
+    verdict = check_two_model_loop(crashing)
+    assert not verdict.passed and "bug: the loop raised KeyError: 'oops'" in str(verdict)
+    assert inspect.getsource(crashing)  # its source was readable: the checker read it too

@@ -1,0 +1,454 @@
+"""The loop checker (amp_lessons.lint): silent on correct loops, exactly one finding per
+planted mistake, each at its line, and clear errors on what it cannot read."""
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from amp_lessons import clipping, errors, exercises, training
+from amp_lessons.__main__ import main
+from amp_lessons.lint import CHECKS, LintError, check_loop, listing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def card_recipe() -> str:
+    """The card's example, from the cell of lesson 02 that runs it as written."""
+    text = (ROOT / "notebooks" / "02_autocast.py").read_text(encoding="utf-8")
+    cell = next(c for c in text.split("# %%") if "the card's code, as written" in c)
+    return cell.split("\n", 1)[1]
+
+
+def line_of(source: str, needle: str) -> int:
+    """The 1-based line of ``source`` holding ``needle`` (exactly one)."""
+    hits = [i for i, line in enumerate(source.splitlines(), 1) if needle in line]
+    assert len(hits) == 1, (needle, hits)
+    return hits[0]
+
+
+# --- correct loops ----------------------------------------------------------------------------
+
+SCALED_NAME_STEP = """
+scaled = scaler.scale(loss)          # lesson 03's cell: the scaled loss by name
+scaled.backward()
+scaler.unscale_(opt)
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+scaler.step(opt)
+scaler.update()
+"""
+
+MODULO_ACCUMULATION = """
+def train(model, opt, scaler, scheduler, loader, accum_steps, device):
+    for i, (x, y) in enumerate(loader):
+        with torch.autocast(device.type, dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+            loss = loss / accum_steps
+        scaler.scale(loss).backward()
+        if (i + 1) % accum_steps == 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scale_before = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            optimizer_was_run = scale_before <= scaler.get_scale()
+            if optimizer_was_run:
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+"""
+
+PER_OPTIMIZER_UNSCALE = """
+def step(models, opts, scaler, x, y):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = sum(loss_fn(m(x), y) for m in models)
+    scaler.scale(loss).backward()
+    for model, opt in zip(models, opts):
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+    scaler.update()
+"""
+
+EARLY_RETURN_GUARD = """
+def my_step(model, opt, scaler, scheduler, x, y):
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    if scaler.get_scale() < scale:
+        return True
+    scheduler.step()
+    return False
+"""
+
+EPOCH_SCHEDULER = """
+for epoch in range(epochs):
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    lr_scheduler.step()  # once per epoch: a skipped step inside does not shift it
+"""
+
+BF16_NO_SCALER = """
+from torch.amp import GradScaler
+scaler = GradScaler("cuda", enabled=False)
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+"""
+
+SEVERAL_LOSSES = """
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = model(x)
+        losses = [loss_fn(out, y), aux_fn(out)]
+    for loss in losses:
+        scaler.scale(loss).backward(retain_graph=True)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+"""
+
+
+def exercise_solution(models, optimizers, schedulers, batches):
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for opt, scheduler in zip(optimizers, schedulers):
+            if scaler.get_scale() >= scale:  # not skipped
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+import torch  # noqa: E402  (the solution above uses it; kept next to it for reading)
+
+CORRECT = {
+    "the card's recipe (lesson 02)": card_recipe,
+    "clipping.accumulate": lambda: clipping.accumulate,
+    "exercises.fixed_clipping_loop (lesson 04)": lambda: exercises.fixed_clipping_loop,
+    "Trainer._forward_backward": lambda: training.Trainer._forward_backward,
+    "errors: scheduler after real steps": lambda: errors.train_stepping_scheduler_after_real_steps,
+    "errors: two optimizers, one update": lambda: errors.step_two_optimizers,
+    "errors: the recipe in a loop": lambda: errors.train_recipe,
+    "errors: head inside autocast": lambda: errors.head_inside_autocast,
+    "errors: gradient penalty": lambda: errors.penalty_step,
+    "lesson 03's scaled-by-name step": lambda: SCALED_NAME_STEP,
+    "accumulation with % and a division": lambda: MODULO_ACCUMULATION,
+    "unscale_ per optimizer, one update": lambda: PER_OPTIMIZER_UNSCALE,
+    "scheduler guarded by an early return": lambda: EARLY_RETURN_GUARD,
+    "scheduler stepped per epoch": lambda: EPOCH_SCHEDULER,
+    "bf16 without a scaler": lambda: BF16_NO_SCALER,
+    "several losses, one step": lambda: SEVERAL_LOSSES,
+    "06's exercise, solved": lambda: exercise_solution,
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_loops_have_no_findings(name):
+    findings = check_loop(CORRECT[name]())
+    assert not findings, str(findings)
+
+
+def test_trainer_step_only_flags_its_teaching_branch():
+    """Trainer.step clips before unscale_ on purpose when clip_order="before_unscale"
+    (lesson 04's trap, teaching=True only): that branch, and nothing else, is a finding
+    (none once the line carries an ``# amp-lint: ignore`` comment)."""
+    lines, first = inspect.getsourcelines(training.Trainer)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    (branch,) = [n for n in ast.walk(tree) if isinstance(n, ast.If)
+                 and "before_unscale" in ast.unparse(n.test) and "self.clip_norm" in ast.unparse(n.test)]
+    inside = range(branch.body[0].lineno + first - 1, branch.body[-1].end_lineno + first)
+    findings = check_loop(training.Trainer)
+    assert all(f.code == "clip-before-unscale" and f.line in inside for f in findings), str(findings)
+    assert all("clip_grad_norm_" in lines[f.line - first] for f in findings)
+    assert len(findings) <= 1
+
+
+# --- broken loops: exactly their finding ------------------------------------------------------
+
+DEPRECATED_AUTOCAST = """
+for x, y in loader:
+    with torch.cuda.amp.autocast():
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+"""
+
+DEPRECATED_IMPORT = """
+from torch.cuda.amp import GradScaler
+scaler = GradScaler()
+"""
+
+NO_DEVICE = """
+scaler = torch.amp.GradScaler(enabled=True)
+"""
+
+CLIP_FIRST = """
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+"""
+
+CLIP_NEVER_UNSCALED = """
+def step(model, opt, scaler, x, y):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+    scaler.step(opt)
+    scaler.update()
+"""
+
+BACKWARD_INSIDE = """
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+"""
+
+MODULO_UNDIVIDED = """
+for i, (x, y) in enumerate(loader):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    if (i + 1) % accum_steps == 0:
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+"""
+
+HALF_MODEL = """
+model = Net().cuda().half()
+opt = torch.optim.Adam(model.parameters())
+scaler = torch.amp.GradScaler("cuda")
+"""
+
+BROKEN = {  # name: (loop, the one finding it must have)
+    "torch.cuda.amp.autocast": (lambda: DEPRECATED_AUTOCAST, "deprecated-amp"),
+    "from torch.cuda.amp import GradScaler": (lambda: DEPRECATED_IMPORT, "deprecated-amp"),
+    "GradScaler(enabled=True)": (lambda: NO_DEVICE, "scaler-no-device"),
+    "clip, then unscale_": (lambda: CLIP_FIRST, "clip-before-unscale"),
+    "clip, never unscaled": (lambda: CLIP_NEVER_UNSCALED, "clip-before-unscale"),
+    "errors: unscale_ every micro-batch": (lambda: errors.accumulate_unscaling_every_micro_batch, "unscale-twice"),
+    "errors: scheduler always steps": (lambda: errors.train_stepping_scheduler_always, "scheduler-unguarded"),
+    "lesson 03's exercise as given": (lambda: exercises.amp_step_as_given, "scheduler-unguarded"),
+    "errors: model.half() with a scaler": (lambda: errors.train_half_model, "half-with-scaler"),
+    "Net().cuda().half()": (lambda: HALF_MODEL, "half-with-scaler"),
+    "lesson 05's exercise as given": (lambda: exercises.broken_setup, "half-with-scaler"),
+    "backward inside autocast": (lambda: BACKWARD_INSIDE, "backward-in-autocast"),
+    "errors: update per optimizer": (lambda: errors.step_two_optimizers_updating_each, "update-per-optimizer"),
+    "clipping: loss not divided": (lambda: clipping.accumulate_without_dividing, "accumulation-undivided"),
+    "accumulation with %, not divided": (lambda: MODULO_UNDIVIDED, "accumulation-undivided"),
+    "clipping: step every micro-batch": (lambda: clipping.accumulate_stepping_every_micro_batch,
+                                         "step-per-micro-batch"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_each_broken_loop_has_exactly_its_finding(name):
+    make, code = BROKEN[name]
+    findings = check_loop(make())
+    assert findings.codes == [code], str(findings)
+    f = findings[0]
+    assert f.lesson == CHECKS[code] and f.message and f.line > 0
+
+
+def test_every_check_has_a_broken_loop():
+    assert {code for _, code in BROKEN.values()} == set(CHECKS)
+
+
+def test_findings_point_at_the_mistaken_line():
+    cases = [(CLIP_FIRST, "clip_grad_norm_"), (BACKWARD_INSIDE, ".backward()"),
+             (NO_DEVICE, "GradScaler("), (DEPRECATED_AUTOCAST, "torch.cuda.amp"),
+             (MODULO_UNDIVIDED, ".backward()"), (HALF_MODEL, ".half()")]
+    for source, needle in cases:
+        (f,) = check_loop(source)
+        assert f.line == line_of(textwrap.dedent(source), needle), (f, needle)
+
+
+def test_lesson04_exercise_loop_has_its_three_bugs_and_the_note():
+    """04's broken loop: GradScaler() without a device, the clip before unscale_, and
+    unscale_/step/update on every micro-batch; backward inside autocast is only a note
+    (04 shows the gradients are the same)."""
+    source = inspect.getsource(exercises.broken_clipping_loop)
+    findings = check_loop(source)
+    expected = {
+        ("scaler-no-device", line_of(source, "GradScaler()")),
+        ("clip-before-unscale", line_of(source, "clip_grad_norm_")),
+        ("step-per-micro-batch", line_of(source, "scaler.step(opt)")),
+        ("backward-in-autocast", line_of(source, ".backward()")),
+    }
+    assert {(f.code, f.line) for f in findings} == expected
+    assert [f.kind for f in findings if f.code == "backward-in-autocast"] == ["note"]
+
+
+def test_lesson06_exercise_as_given_has_its_three_bugs():
+    source = inspect.getsource(exercises.two_model_loop_as_given)
+    assert {(f.code, f.line) for f in check_loop(source)} == {
+        ("scaler-no-device", line_of(source, "GradScaler()")),
+        ("update-per-optimizer", line_of(source, "scaler.update()")),
+        ("scheduler-unguarded", line_of(source, "scheduler.step()")),
+    }
+
+
+def test_function_findings_use_the_file_lines():
+    lines, first = inspect.getsourcelines(errors.step_two_optimizers_updating_each)
+    (f,) = check_loop(errors.step_two_optimizers_updating_each)
+    assert "scaler.update()" in lines[f.line - first]
+
+
+def test_ignore_comments():
+    quiet = CLIP_FIRST.replace("1.0)\n", "1.0)  # amp-lint: ignore[clip-before-unscale]\n")
+    assert not check_loop(quiet)
+    other = CLIP_FIRST.replace("1.0)\n", "1.0)  # amp-lint: ignore[scaler-no-device]\n")
+    assert check_loop(other).codes == ["clip-before-unscale"]
+    assert not check_loop(CLIP_FIRST.replace("1.0)\n", "1.0)  # amp-lint: ignore\n"))
+
+
+def test_listing_numbers_lines_as_findings_do():
+    source = inspect.getsource(exercises.broken_clipping_loop)
+    numbered = listing(source).splitlines()
+    for f in check_loop(source):
+        assert numbered[f.line - 1].lstrip().startswith(f"{f.line}  ")
+
+
+# --- what it cannot read ----------------------------------------------------------------------
+
+CARD_AS_PASTED = """\
+with torch.autocast(device_type=device, dtype=dtype):
+logits = model(x) # matmuls in 16-bit
+loss = nn.functional.cross_entropy(logits, y)
+"""
+
+
+def test_unparsable_source_names_the_line():
+    with pytest.raises(LintError, match=r"cannot parse the source: expected an indented block.* at line 2"):
+        check_loop(CARD_AS_PASTED)
+
+
+def test_objects_without_source_are_refused_clearly():
+    with pytest.raises(LintError, match="cannot read the source of .*pass the loop's source as a string"):
+        check_loop(len)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+EVERY_MISTAKE = '''\
+import torch
+from torch.cuda.amp import autocast
+
+
+def train(model, opt, scheduler, loader, optimizers, accum_steps):
+    model.half()
+    scaler = torch.amp.GradScaler()
+    for i, (x, y) in enumerate(loader):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x).sum()
+            scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        scheduler.step()
+        opt.zero_grad()
+
+
+def two(models, optimizers, scaler, x, y):
+    loss = sum(m(x).sum() for m in models)
+    scaler.scale(loss).backward()
+    for opt in optimizers:
+        scaler.step(opt)
+        scaler.update()
+
+
+def accumulate(model, opt, scaler, batches):
+    for x, y in batches:
+        loss = model(x).sum()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+
+
+def micro(model, opt, scaler, batches, k):
+    for x, y in batches:
+        loss = model(x).sum() / k
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    opt.zero_grad()
+'''
+
+EVERY_MISTAKE_LINES = {
+    "deprecated-amp": 2, "half-with-scaler": 6, "scaler-no-device": 7, "backward-in-autocast": 11,
+    "clip-before-unscale": 12, "scheduler-unguarded": 16, "update-per-optimizer": 25,
+    "accumulation-undivided": 31, "unscale-twice": 32, "step-per-micro-batch": 41,
+}
+
+
+def test_cli_prints_one_finding_per_mistake(tmp_path, capsys):
+    path = tmp_path / "train.py"
+    path.write_text(EVERY_MISTAKE)
+    assert main(["lint", str(path)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    found = [re.match(rf"{re.escape(str(path))}:(\d+): (mistake|note): \[([a-z-]+)\] .+ \(lesson \d\d_\w+\)$", line)
+             for line in out]
+    assert all(found), out
+    assert {m.group(3): int(m.group(1)) for m in found} == EVERY_MISTAKE_LINES
+    assert len(out) == len(EVERY_MISTAKE_LINES) == len(CHECKS)
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    good = tmp_path / "good.py"
+    good.write_text(card_recipe())
+    assert main(["lint", str(good)]) == 0
+    assert "no findings" in capsys.readouterr().out
+    bad = tmp_path / "bad.py"
+    bad.write_text(CARD_AS_PASTED)
+    assert main(["lint", str(bad)]) == 2
+    assert f"cannot parse {bad}: expected an indented block" in capsys.readouterr().err
+    assert main(["lint", str(tmp_path / "missing.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_python_dash_m_lint(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(EVERY_MISTAKE)
+    run = subprocess.run([sys.executable, "-m", "amp_lessons", "lint", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert len(run.stdout.strip().splitlines()) == len(CHECKS)
