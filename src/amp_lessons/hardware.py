@@ -299,6 +299,32 @@ def supported_precisions(device=None) -> dict[str, str | None]:
     return out
 
 
+def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
+    """(fast, reason): does an fp8 matmul (``torch._scaled_mm``) run on fp8 tensor cores here?
+
+    Pure, for 08_fp8. CUDA's ``_scaled_mm`` runs from compute capability 8.9 (Ada) and 9.0
+    (Hopper) on and refuses older GPUs (aten/src/ATen/native/cuda/ScaledBlas.cpp); on a
+    CPU it dequantizes and runs a float32 matmul: real numbers, no fp8 speed.
+    """
+    if device_type == "cuda":
+        if not cuda_capability:
+            return (False, "CUDA GPU of unknown compute capability: fp8 needs 8.9 or 9.0+")
+        cc = tuple(cuda_capability)
+        label = "{}.{}".format(*cc)
+        if cc >= (9, 0):
+            return (True, f"compute capability {label} (Hopper or newer): fp8 tensor cores; "
+                          "_scaled_mm takes per-tensor and per-row scales")
+        if cc == (8, 9):
+            return (True, f"compute capability {label} (Ada): fp8 tensor cores; per-row scales "
+                          "need a bf16 or fp16 output there")
+        return (False, f"compute capability {label}: no fp8 tensor cores, and torch._scaled_mm "
+                       "refuses to run (it needs 8.9 or 9.0+)")
+    if device_type == "cpu":
+        return (False, "CPU: torch._scaled_mm dequantizes to float32 and runs a float32 matmul: "
+                       "the same numbers, no fp8 speed")
+    return (False, f"{device_type}: no fp8 matmul kernels in torch; fp8 would only be emulated")
+
+
 def check_autocast(device_type: str, dtype) -> None:
     """Raise a clear error if ``torch.autocast(device_type, dtype)`` cannot run here."""
     have = available_devices()

@@ -379,3 +379,43 @@ def lost_updates(lrs, fractions: dict, optimizer: str = "sgd"):
     fig.tight_layout()
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
+
+
+# --- 08_fp8 ---------------------------------------------------------------------------
+
+
+def fp8_training(runs: dict, scales: dict):
+    """08: left, the training loss of each run (``{label: History}``); right, the log2 of
+    each fp8 operand's per-tensor scale at every step (``{"layer.kind": [log2 scale]}``,
+    from :class:`amp_lessons.fp8.ScaleHistory`). The title compares the gradients' scale
+    with the weights': one loss scale could not serve both."""
+    import math
+    import statistics
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    styles = [dict(color="#4c78a8", lw=4, alpha=0.4), dict(color="#e45756", lw=1.4),
+              dict(color="#f58518", lw=1.2, ls="--"), dict(color="#54a24b", lw=1.2, ls=":")]
+    for (label, h), style in zip(runs.items(), styles * len(runs)):
+        left.plot(h["step"], h["loss"], label=label, **style)
+    left.set(xlabel="optimizer step", ylabel="training loss, cross-entropy (nats)")
+    left.legend(frameon=False)
+    colors = {"input": "#4c78a8", "weight": "#54a24b", "grad_output": "#e45756"}
+    dashes = ["-", "--", ":", "-."]
+    layers = sorted({key.rsplit(".", 1)[0] for key in scales})
+    for key, values in scales.items():
+        layer, kind = key.rsplit(".", 1)
+        right.plot(range(len(values)), values, color=colors.get(kind, "grey"),
+                   ls=dashes[layers.index(layer) % len(dashes)], lw=1.2, label=f"layer {layer}: {kind}")
+    right.set(xlabel="optimizer step", ylabel="log2 of the scale (scale = fmt.max / amax)")
+    right.legend(frameon=False, fontsize=7, ncol=2)
+    medians = {kind: [statistics.median(v) for k, v in scales.items() if k.endswith("." + kind) and v]
+               for kind in colors}
+    if medians["grad_output"] and medians["weight"]:
+        g, w = statistics.median(medians["grad_output"]), statistics.median(medians["weight"])
+        fig.suptitle(f"each tensor gets its own scale: the gradients' is about 2^{math.floor(g)}, the "
+                     f"weights' 2^{math.floor(w)}; one loss scale could not serve both", fontsize=10)
+    for ax in (left, right):
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig

@@ -1,0 +1,506 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · fp8: a scale for every tensor
+#
+# Hopper and Blackwell GPUs train with 8-bit floats. Two of them: **e4m3** (4 exponent
+# bits, 3 mantissa bits) and **e5m2**. Their range is so short that no tensor is cast to
+# them as it is. Each one is multiplied by a *scale* first, chosen so that its largest
+# value lands on the format's largest value. That is lesson 03's loss scale again, with
+# two differences: it is computed from the tensor itself rather than searched for, and
+# every tensor (or every row) gets its own.
+#
+# Everything here runs on any device. `torch._scaled_mm`, the fp8 matmul, also runs on a
+# CPU, so every number below is real; only the speed needs an fp8 GPU. You will see:
+#
+# - the two fp8 formats beside bf16 and fp16, and what a cast does with a value too large;
+# - your own network's tensors against them: unscaled, scaled per tensor, scaled per row;
+# - `torch._scaled_mm` checked against dequantize-then-matmul;
+# - an outlier channel, and why per-row scales help;
+# - a small fp8 linear layer, written out, trained against bf16;
+# - which GPUs run fp8 fast.
+
+# %%
+# Setup, the same in every lesson: on Colab, install the course package first.
+import importlib.util
+import subprocess
+import sys
+
+REPO = "https://github.com/amp-lessons/amp-lessons"
+if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
+    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+
+import torch
+
+import amp_lessons
+
+amp_lessons.seed_everything(0)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = amp_lessons.pick_device()
+report = amp_lessons.hardware_report()
+print(f"device {device} ({report.name}), torch {report.torch_version}")
+
+# %% [markdown]
+# ## Two fp8 formats
+#
+# **Predict:** e4m3 has one exponent bit fewer than e5m2 and one mantissa bit more.
+# Which of the two reaches `1e-5`? Which one has the larger largest value?
+
+# %%
+from amp_lessons.formats import format_info, formats_table
+
+print(formats_table(("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")))
+
+# %% [markdown]
+# Range and precision side by side: from the smallest subnormal to the largest value, in
+# powers of two, and how many values each format has between one power of two and the next.
+
+# %%
+import math
+
+for name in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
+    f = format_info(name)
+    span = math.log2(f.max / f.smallest_subnormal)
+    print(f"{name:<9} 2^{math.log2(f.smallest_subnormal):.0f} to {f.max:<9g} {span:5.1f} powers of two, "
+          f"{2**f.mantissa_bits:>4} values in each")
+
+# %% [markdown]
+# e4m3 covers fewer than half the powers of two fp16 covers. Its name ends in **fn**
+# ("finite, no infinity"): the top exponent holds numbers instead of inf, which is why its
+# largest value is 448. e5m2 is a shortened fp16: same exponent, 2 mantissa bits, with inf.
+# Between 1 and 2, each keeps only these values:
+
+# %%
+from amp_lessons.formats import round_to_format
+
+between = torch.arange(64) / 64 + 1  # 64 evenly spaced values from 1 to 2
+for name in ("fp8_e4m3", "fp8_e5m2"):
+    print(f"{name}: {sorted(set(round_to_format(between, name).tolist()))}")
+
+# %% [markdown]
+# An fp8 tensor is storage for a matmul, not a number type you compute with. It takes one
+# byte per value, and torch has almost no arithmetic for it:
+
+# %%
+from amp_lessons.show import expect_error
+
+a8 = torch.tensor([1.0, 2.0, 3.0]).to(torch.float8_e4m3fn)
+print(a8.dtype, a8.element_size(), "byte per value:", a8.float().tolist())
+with expect_error(NotImplementedError):
+    a8 + a8
+
+# %% [markdown]
+# ## A value too large for e4m3
+#
+# e4m3 has no inf. So what does a cast store for `1e6`? **Predict**, then run. The answer
+# depends on the torch release, so the package asks this one (`e4m3_overflow` casts `1e6`
+# and `inf` once and reads them back):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The answer depends on the torch release: NaN before 2.13, 448 from 2.13 on.
+from amp_lessons.formats import bits_of, e4m3_overflow
+
+print(e4m3_overflow())
+print(bits_of(1e6, "fp8_e4m3"))
+
+# %% [markdown]
+# Before torch 2.13 the cast gives NaN; from 2.13 on it gives 448. Colab's torch (2.11
+# when this lesson was written) gives NaN. Both are wrong for `1e6`: one poisons everything it touches, the other is
+# silently off. e5m2 has inf, on every release. Real fp8 code never relies on the plain
+# cast: it clamps to the largest value first (torchao does, for exactly this reason), and
+# so does `saturating_cast`, the same on every release:
+
+# %%
+from amp_lessons.fp8 import saturating_cast
+
+probe = e4m3_overflow()
+print("the plain cast keeps 1e6:", probe.finite == 1e6)
+print("e5m2, plain cast:", round_to_format(torch.tensor([1e6, -1e6]), "fp8_e5m2").tolist())
+too_large = torch.tensor([1e6, -1e6, math.inf])
+for name in ("fp8_e4m3", "fp8_e5m2"):
+    print(f"{name}, saturating_cast:", saturating_cast(too_large, name).float().tolist())
+
+# %% [markdown]
+# ## Your network's tensors against fp8
+#
+# A linear layer's matmul has three operands that fp8 training casts: the **input** and
+# the **weight** in the forward pass, and the **gradient of the output** in the backward
+# pass. Below, the digits MLP of lesson 01 trains 50 steps in float32 on this machine;
+# then `record_operands` runs one more batch and keeps, for every `Linear`, those three
+# tensors (in float32: what fp8 would have to hold).
+
+# %%
+from amp_lessons.claims import measured
+from amp_lessons.data import digits
+from amp_lessons.fp8 import record_operands
+from amp_lessons.models import mlp
+from amp_lessons.training import Trainer
+
+data = digits()
+trainer = Trainer(mlp(64, 64, 10, depth=2), data, precision="fp32", device=device, lr=5e-3)
+history = trainer.fit(50)
+x, y = (t.to(device) for t in data.batch(50, 64))
+operands = record_operands(trainer.model, x, y)
+print(f"loss {measured(history['loss'][0])} -> {measured(history['loss'][-1])}")
+for o in operands:
+    print(f"layer {o.layer}: input {tuple(o.input.shape)}, weight {tuple(o.weight.shape)}, "
+          f"grad_output {tuple(o.grad_output.shape)}")
+
+# %% [markdown]
+# How many powers of two does each kind span, from its smallest nonzero magnitude to its
+# largest? Compare with the spans above.
+
+# %%
+groups = {kind: [getattr(o, kind) for o in operands] for kind in ("input", "weight", "grad_output")}
+spans = {}
+for kind, tensors in groups.items():
+    mags = torch.cat([t.flatten() for t in tensors]).abs()
+    lo, hi = mags[mags > 0].min().log2().item(), mags.max().log2().item()
+    spans[kind] = hi - lo
+    print(f"{kind:<12} 2^{measured(lo, '.1f')} to 2^{measured(hi, '.1f')}: {measured(hi - lo, '.1f')} powers of two")
+e4m3 = format_info("fp8_e4m3")
+e4m3_span = math.log2(e4m3.max / e4m3.smallest_subnormal)
+amp_lessons.claims.at_least("the output gradients span more powers of two than e4m3 holds",
+                            spans["grad_output"], round(e4m3_span, 1), ".1f")
+
+# %% [markdown]
+# **Predict:** cast as they are, what share of each kind does e4m3 flush to zero? e5m2?
+#
+# `census_table` runs lesson 01's census (`amp_lessons.formats.census`) on every kind
+# and format: the share of the nonzero values flushed to zero, kept as subnormals (fewer
+# significant bits), and too large.
+
+# %%
+from amp_lessons.fp8 import census_table, fp8_census
+
+print(census_table(groups))
+
+# %%
+unscaled = {n: fp8_census(groups["grad_output"], n) for n in ("fp8_e4m3", "fp8_e5m2")}
+flushed = {n: c.fraction("flushed") for n, c in unscaled.items()}
+print(amp_lessons.claims.at_least("unscaled, e4m3 flushes more than half of the output gradients",
+                                  flushed["fp8_e4m3"], 0.5))
+print(amp_lessons.claims.at_most("e5m2's wider range flushes at most half as many as e4m3",
+                                 flushed["fp8_e5m2"] / flushed["fp8_e4m3"], 0.5))
+inputs_weights = max(fp8_census(groups[k], "fp8_e4m3").fraction("flushed") for k in ("input", "weight"))
+print(amp_lessons.claims.at_most("inputs and weights fit e4m3 nearly as they are: at most 2% flushed",
+                                 inputs_weights, 0.02))
+
+# %% [markdown]
+# The gradients are the problem, as in lesson 03, only worse: they span more powers of two
+# than e4m3 has, and they sit far below the inputs and weights, so no single loss scale
+# could move them into range while leaving the others in place.
+#
+# ## A scale per tensor
+#
+# So each tensor gets its own scale, computed from its largest magnitude, its **amax**:
+# `scale = 448 / amax` for e4m3. Multiply, cast, and keep the scale next to the fp8 values;
+# to read them back (**dequantize**), multiply by `1 / scale`. Here is one output gradient:
+
+# %%
+from amp_lessons.fp8 import amax, quantize
+
+g = operands[-1].grad_output
+q = quantize(g, "fp8_e4m3")
+print(f"amax {measured(amax(g).item())}, scale = 448 / amax = {measured(q.scale.item())} "
+      f"= 2^{measured(q.scale.log2().item(), '.2f')}")
+print(f"{q.data.dtype}, largest stored value {q.data.float().abs().max().item():g}")
+err = ((q.dequantize() - g).norm() / g.norm()).item()
+print(amp_lessons.claims.at_most("dequantized, the gradient is back within half of e4m3's eps",
+                                 err, e4m3.eps / 2))
+
+# %% [markdown]
+# Unlike GradScaler, nothing is searched for: the scale is right from the first step, and
+# the largest value lands on 448 by construction, so nothing can overflow. **Predict** the
+# census now:
+
+# %%
+print(census_table(groups, "tensor"))
+over = sum(fp8_census(t, n, "tensor").overflow for t in groups.values() for n in ("fp8_e4m3", "fp8_e5m2"))
+print("values too large after amax scaling:", over)
+per_tensor = fp8_census(groups["grad_output"], "fp8_e4m3", "tensor").fraction("flushed")
+print(amp_lessons.claims.at_most("scaled per tensor, e4m3 flushes at most 5% of the output gradients",
+                                 per_tensor, 0.05))
+
+# %% [markdown]
+# ## A scale per row
+#
+# One scale for a whole tensor is set by its single largest value; a row of small values
+# in the same tensor still lands low. Per-row scaling gives every row its own amax (for a
+# matmul `A @ B`, every row of `A` and every column of `B`, along the dimension the product
+# sums over). A row's amax is never larger than the tensor's, so its scale is never
+# smaller: per row can only flush fewer.
+
+# %%
+print(census_table(groups, "row"))
+fewer = all(fp8_census(t, n, "row").flushed <= fp8_census(t, n, "tensor").flushed
+            for t in groups.values() for n in ("fp8_e4m3", "fp8_e5m2"))
+print("per row flushes no more than per tensor, for every kind and format:", fewer)
+
+# %% [markdown]
+# ## `torch._scaled_mm`: dequantize, then matmul
+#
+# The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
+# tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)`, in a higher precision.
+# On a CPU, torch computes exactly that: it dequantizes to float32 and runs a float32
+# matmul. An fp8 GPU feeds the fp8 values to its tensor cores and applies the scales to
+# the result. `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
+#
+# **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
+# scales, is the result bit for bit the float32 product?
+
+# %%
+from amp_lessons.fp8 import reference_mm, scaled_mm, scaled_mm_support
+
+emulate = scaled_mm_support(device)["tensor"] is not None  # a GPU older than fp8: emulate
+A = ((torch.arange(16 * 32) % 9 - 4) / 4).reshape(16, 32).to(device)
+B = ((torch.arange(16 * 32) % 7 - 3) / 4).reshape(16, 32).to(device)
+qa, qb = quantize(A, power_of_2=True), quantize(B, power_of_2=True)
+print("dequantize gives A back exactly:", torch.equal(qa.dequantize(), A))
+print("_scaled_mm equals A @ B.T exactly:", torch.equal(scaled_mm(qa, qb, emulate=emulate), A @ B.T))
+
+# %% [markdown]
+# On the layer's real operands (scales that are not powers of two), against dequantize +
+# matmul computed by hand, and against the float32 product of the unquantized tensors:
+
+# %%
+o = operands[1]
+qa, qb = quantize(o.input.to(device)), quantize(o.weight.to(device))
+fp8_out, by_hand = scaled_mm(qa, qb, emulate=emulate), reference_mm(qa, qb)
+exact = o.input.to(device) @ o.weight.to(device).T
+gap = ((fp8_out - by_hand).norm() / by_hand.norm()).item()
+print(amp_lessons.claims.at_most("_scaled_mm is dequantize + matmul, up to float32 rounding", gap, 1e-5, ".2g"))
+err = ((fp8_out - exact).norm() / exact.norm()).item()
+print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the float32 one", err, e4m3.eps))
+
+# %% [markdown]
+# On CUDA, `_scaled_mm` has stricter rules than on a CPU (aten/src/ATen/native/cuda/ScaledBlas.cpp):
+# compute capability 8.9 or 9.0+; the second operand column-major; its two dimensions and
+# the first operand's inner one multiples of 16; and never e5m2 times e5m2 ("Multiplication
+# of two Float8_e5m2 matrices is not supported"): e5m2 is for gradients, always paired with
+# an e4m3 operand. Per-row scales need torch 2.13 on a CPU (2.11 takes per-tensor scales
+# only); the cell after the hardware table shows what this release and device take.
+#
+# ## One outlier channel: per tensor against per row
+#
+# Large models often have a few channels far larger than the rest. Here, a 64 x 64 layer
+# whose output channel 0 (row 0 of the weight) is `2^k` times larger than the others. The
+# error is measured on the *other* outputs. **Predict:** does a 2^8 outlier hurt per-tensor
+# scaling?
+
+# %%
+from amp_lessons.fp8 import outlier_sweep
+
+rows = outlier_sweep()
+print(f"{'outlier':>8} {'error per tensor':>17} {'error per row':>14} {'weight flushed':>15} {'subnormal':>10}")
+for r in rows:
+    print(f"{'2^' + str(r['k']):>8} {measured(r['tensor']):>17} {measured(r['row']):>14} "
+          f"{measured(100 * r['flushed'], '.1f') + '%':>15} {measured(100 * r['subnormal'], '.1f') + '%':>10}")
+
+# %%
+by_k = {r["k"]: r for r in rows}
+print(amp_lessons.claims.at_most("a 2^8 outlier costs per-tensor scaling nothing: error within 10% of none",
+                                 by_k[8]["tensor"] / by_k[0]["tensor"], 1.1))
+print(amp_lessons.claims.at_most("with a 2^16 outlier, per-row error is at most half of per-tensor's",
+                                 by_k[16]["row"] / by_k[16]["tensor"], 0.5))
+
+# %% [markdown]
+# A float's error is relative to the value, so the outlier costs nothing while the other
+# channels stay in e4m3's normal range. Once it pushes them below it, they turn subnormal
+# and then flush to zero, and the per-tensor error climbs to the whole output. Per-row
+# scales give channel 0 its own scale and leave the others where they were. (An outlier
+# *input* feature, a column of `A`, sits in every row: per-row scales cannot isolate that one.)
+#
+# ## A minimal fp8 linear layer
+#
+# Here is the whole layer as a custom autograd function: three matmuls, each with both
+# operands quantized along the dimension it sums over. The forward casts to e4m3; the
+# backward casts the output gradient to e5m2 (the `tensorwise` recipe, as torchao names it).
+
+# %%
+import inspect
+
+from amp_lessons.fp8 import Fp8Matmul
+
+print(inspect.getsource(Fp8Matmul))
+
+# %% [markdown]
+# `convert_to_fp8` swaps every `nn.Linear` whose two dimensions are multiples of 16 for an
+# `Fp8Linear` sharing its parameters, as torchao's `convert_to_float8_training` does. The
+# weights stay float32 (master weights); the 10-class head stays as it is.
+
+# %%
+import copy
+
+from amp_lessons.fp8 import convert_to_fp8
+
+reference = mlp(64, 64, 10, depth=2).to(device)
+model8 = convert_to_fp8(copy.deepcopy(reference), "tensorwise", emulate=emulate)
+print(model8)
+
+# %% [markdown]
+# **Predict:** on one batch, how far are the fp8 layer's outputs and gradients from
+# float32's? e5m2 keeps two mantissa bits, and the first layer's gradients pass through
+# two fp8 matmuls in backward.
+
+# %%
+from torch.nn import functional as F
+
+x, y = (t.to(device) for t in data.batch(0, 64))
+for m in (reference, model8):
+    F.cross_entropy(m(x), y).backward()
+with torch.no_grad():
+    out_err = ((model8(x) - reference(x)).norm() / reference(x).norm()).item()
+pairs = [(p8.grad.flatten(), p.grad.flatten()) for p8, p in zip(model8.parameters(), reference.parameters())]
+grad_err = max(((g8 - g).norm() / g.norm()).item() for g8, g in pairs)
+cosine = min(F.cosine_similarity(g8, g, dim=0).item() for g8, g in pairs)
+print(amp_lessons.claims.at_most("the fp8 outputs are within e4m3's eps of float32's", out_err, e4m3.eps))
+print(f"the gradients differ more: up to {measured(grad_err)} of their size")
+print(amp_lessons.claims.at_least("yet every fp8 gradient points the way float32's does: cosine >= 0.95",
+                                  cosine, 0.95))
+
+# %% [markdown]
+# ## Training in fp8 against bf16
+#
+# The same MLP, the same batches, 300 steps: once in bf16 autocast, once with the fp8
+# layers (their weights and the head in float32). `ScaleHistory` keeps each fp8 operand's
+# scale at every step. **Predict:** does fp8 keep up?
+
+# %%
+from amp_lessons.fp8 import ScaleHistory
+from amp_lessons.hardware import supported_precisions
+
+baseline = "bf16" if supported_precisions(device)["bf16"] is None else "fp16"
+scales = ScaleHistory()
+runs, accuracy = {}, {}
+for label, model, precision, callbacks in [
+        (baseline, mlp(64, 64, 10, depth=2), baseline, []),
+        ("fp8 (tensorwise)", convert_to_fp8(mlp(64, 64, 10, depth=2), emulate=emulate), "fp32", [scales])]:
+    t = Trainer(model, data, precision=precision, device=device, lr=5e-3, callbacks=callbacks)
+    runs[label] = t.fit(300)
+    accuracy[label] = t.evaluate()
+    print(f"{label:<17} loss {measured(runs[label]['loss'][-1])}, test accuracy {measured(accuracy[label])}")
+
+# %%
+print(amp_lessons.claims.at_least(f"fp8 reaches at least 95% of {baseline}'s test accuracy",
+                                  accuracy["fp8 (tensorwise)"] / accuracy[baseline], 0.95))
+ends = {k: sum(h["loss"][-20:]) / 20 for k, h in runs.items()}
+print(amp_lessons.claims.at_most(f"fp8's final loss (mean of the last 20 steps) is at most 1.5x {baseline}'s",
+                                 ends["fp8 (tensorwise)"] / ends[baseline], 1.5))
+
+# %%
+from amp_lessons.plots import fp8_training
+
+fp8_training(runs, scales.series())
+
+# %% [markdown]
+# Right: every operand finds its own scale at every step, and the gradients' scale sits
+# many powers of two above the weights'. That is the whole difference from fp16 with a
+# GradScaler: there, one scale for all gradients; here, one per tensor, recomputed each step.
+#
+# ## The same with torchao
+#
+# torchao's `convert_to_float8_training` does what `convert_to_fp8` does, with fused
+# kernels and `torch.compile` support. It is optional here (`pip install -e ".[fp8]"`). If
+# it is installed, this cell trains the same model with it; its numbers depend on whether
+# torchao is there, so they are not compared.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from amp_lessons.fp8 import torchao_float8
+
+found, why_not = torchao_float8()
+if found is None:
+    print(why_not)
+else:
+    convert_to_float8_training, Float8LinearConfig = found
+    model_ao = convert_to_float8_training(mlp(64, 64, 10, depth=2),
+                                          config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    t = Trainer(model_ao, data, precision="fp32", device=device, lr=5e-3)
+    history_ao = t.fit(300)
+    print(f"torchao (tensorwise): loss {measured(history_ao['loss'][-1])}, test accuracy "
+          f"{measured(t.evaluate())}; this lesson's layer: {measured(accuracy['fp8 (tensorwise)'])}")
+
+# %% [markdown]
+# ## Which hardware runs fp8 fast
+#
+# fp8 pays off only where the matmul runs on fp8 tensor cores: NVIDIA compute capability
+# 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell). `fp8_support` says so
+# for each kind of device:
+
+# %%
+from amp_lessons.hardware import fp8_support
+
+for label, kind, cc in [("a CPU", "cpu", None), ("T4", "cuda", (7, 5)), ("A100", "cuda", (8, 0)),
+                        ("L4, RTX 4090", "cuda", (8, 9)), ("H100", "cuda", (9, 0)), ("B200", "cuda", (10, 0))]:
+    fast, why = fp8_support(kind, cc)
+    print(f"{label:<13} {'fast' if fast else 'not fast':<9} {why}")
+
+# %% [markdown]
+# And this machine, with what this torch release's `_scaled_mm` takes here (`None` means it
+# runs):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fast, why = fp8_support(device.type, report.cuda_capability)
+print(f"{device.type}: {'fast' if fast else 'not fast'}: {why}")
+print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_support(device))
+print(e4m3_overflow(device))
+
+# %% [markdown]
+# ## Remember
+#
+# - e4m3 (for inputs and weights) and e5m2 (for gradients) have fewer than half of fp16's
+#   powers of two; a tensor is never cast as it is.
+# - Each tensor gets `scale = fmt.max / amax`, computed every step: nothing overflows, and
+#   only values far below the largest one flush. Per-row scales flush fewer still.
+# - `torch._scaled_mm` is dequantize-then-matmul: on a CPU literally, on an fp8 GPU on
+#   tensor cores. The weights, the optimizer and the output stay in high precision.
+#
+# ## Watch out
+#
+# - What a plain cast stores for a value too large for e4m3 depends on the torch release
+#   (NaN or 448). Clamp before casting, as `saturating_cast` and torchao do.
+# - An all-zero tensor or row has amax 0 and scale inf, and 0 x inf is NaN: floor the amax.
+# - On CUDA: compute capability 8.9+, dimensions multiples of 16, no e5m2 x e5m2. Keep
+#   layers that do not fit (like a 10-class head) in high precision.
+# - An outlier channel costs per-tensor scaling nothing until it pushes the other channels
+#   below e4m3's normal range (the table above); from there on, scale per row.
+#
+# ## Exercise: a scale for every row
+#
+# The function below should return one float32 scale per row of `x` (shape `(rows, 1)`)
+# that puts each row's largest magnitude on the format's largest value. One thing is wrong.
+
+# %%
+from amp_lessons.exercises import check_row_scale, row_scale_as_given
+
+print(inspect.getsource(row_scale_as_given))
+
+# %% [markdown]
+# Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
+# checker runs it on exact inputs in e4m3 and e5m2: one ordinary row per power of two, an
+# outlier row, a row of zeros (a dead ReLU unit's gradient has one) and a row with a
+# single value. As given, it checks the function above:
+
+# %%
+my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, name="fp8_e4m3"): ...
+
+check_row_scale(my_row_scale)
