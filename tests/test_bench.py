@@ -166,14 +166,34 @@ def test_lesson_figures_have_titles_from_the_data():
     assert all(ax.get_ylabel() for f in (fig,) for ax in f.axes)
 
 
-def test_speed_reasons_read_the_matmul_block_and_the_model_rate():
+def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
     result = bench.BenchResult(device="cpu", device_line="", sizes={})
-    result.rows = [bench.Row("mlp", "fp32", "ok", ms=10.0, tflops=0.01)]
-    result.matmul = [bench.MatmulRow(512, "fp32", 200.0), bench.MatmulRow(512, "bf16", 100.0)]
+    # fp32 step at 0.068 TFLOP/s against a 200 GFLOP/s peak: matmuls 34% of the step at peak
+    result.rows = [bench.Row("mlp", "fp32", "ok", ms=10.0, tflops=0.068)]
+    result.matmul = [bench.MatmulRow(256, "fp32", 150.0), bench.MatmulRow(512, "fp32", 200.0),
+                     bench.MatmulRow(512, "bf16", 620.0), bench.MatmulRow(512, "fp16", 2.0)]
     reasons = bench.speed_reasons(result, "bf16")
     assert any("no tensor cores" in r for r in reasons)
-    assert any("100 GFLOP/s in bf16 and 200 in fp32 (0.50x)" in r for r in reasons)
-    assert any("5% of fp32's matmul rate" in r and "compute-bound" in r for r in reasons)
+    assert any("best bf16 matmul rate here is 620 GFLOP/s (n=512) against fp32's 200 (n=512): 3.10x" in r
+               for r in reasons)
+    share = next(r for r in reasons if "the bench mlp" in r)
+    assert "34% of fp32's peak rate" in share
+    assert "Amdahl's law caps the step's gain at 1.30x" in share  # 1 / (0.66 + 0.34 / 3.1)
+    assert "even infinitely fast matmuls: 1.52x" in share and "weighs as much" in share
+    fp16 = bench.speed_reasons(result, "fp16")
+    assert not any("AMX" in r for r in fp16)  # the fp16 wording never borrows bf16's hardware
+    assert any("0.01x: this device has no fast fp16 matmul kernel" in r for r in fp16)
+    assert any("the step can only lose" in r for r in fp16)
+    # a profiled share wins over the rate estimate; a lesson's own step rate is read too
+    cats = dict.fromkeys(bench.bd.CATEGORIES, 0.0)
+    result.breakdowns = [bench.bd.Breakdown("mlp", "fp32", {**cats, "forward matmuls": 35.0,
+                                                            "backward matmuls": 35.0, "optimizer": 30.0},
+                                            wall_ms=100.0, steps=3)]
+    reasons = bench.speed_reasons(result, "bf16", {"the digits MLP": 10.0})
+    assert any("the bench mlp's fp32 step spends 70% of its time in matmuls (profiled)" in r
+               and "matmul-bound" in r for r in reasons)
+    assert any("the digits MLP's fp32 step did its matmul work at 5%" in r and "dominate" in r
+               for r in reasons)
 
 
 def test_building_a_model_leaves_the_callers_random_state_alone():
@@ -212,3 +232,167 @@ def test_a_noisy_run_is_flagged_in_the_table():
     assert result.noise_note() is None and "note:" not in result.table()
     result.rows[0].spread = 0.6
     assert "varied by 60% of their median" in result.table()
+
+
+SMALL = ["--device", "cpu", "--model", "mlp", "--width", "64", "--depth", "2", "--batch", "32",
+         "--warmup", "1", "--repeats", "3", "--matmul-sizes", "64,128", "--precisions", "fp32,bf16"]
+
+
+def test_breakdown_json_splits_every_precision_and_bounds_it(capsys):
+    code, out, err = run_cli(capsys, *SMALL, "--breakdown", "--json")
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    bds = {b["precision"]: b for b in result["breakdowns"]}
+    assert list(bds) == ["fp32", "bf16"]
+    for b in bds.values():
+        assert list(b["ms"]) == list(bench.bd.CATEGORIES)
+        assert sum(b["shares"].values()) == pytest.approx(1.0)
+        assert b["total_ms"] == pytest.approx(sum(b["ms"].values()))
+        for parts, wall in b["samples"]:
+            assert parts == pytest.approx(wall, rel=0.10)  # the categories add up to the step
+        assert b["step_ms"] > 0 and b["flops"] > 0
+        assert b["peak_gflops"] == max(m["gflops"] for m in result["matmul"]
+                                       if m["precision"] == b["precision"])
+        assert b["peak_fraction"] == pytest.approx(b["step_gflops"] / b["peak_gflops"])
+    (amdahl,) = result["amdahl"]
+    assert amdahl["precision"] == "bf16" and amdahl["share"] == pytest.approx(bds["fp32"]["matmul_share"])
+    assert amdahl["measured"] == pytest.approx(bds["fp32"]["step_ms"] / bds["bf16"]["step_ms"])
+    rows = result["closing"]["mlp"]["rows"]
+    assert [(r["precision"], r["label"].strip()) for r in rows] == [
+        (p, c.label.strip()) for p in ("fp32", "bf16") for c in bench.bd.CHANGES]
+    assert all(r["status"] == "ok" for r in rows)
+
+
+def test_breakdown_table_names_categories_peak_and_amdahl(capsys, tmp_path):
+    plot = tmp_path / "breakdown.png"
+    code, out, _ = run_cli(capsys, *SMALL, "--breakdown", "--plot", str(plot))
+    assert code == 0
+    assert "where one Trainer step's time goes: the mlp at width 64, depth 2, batch 32" in out
+    for name in bench.bd.CATEGORIES:
+        assert name in out
+    assert "of this device's measured fp32 peak" in out and "of this device's measured bf16 peak" in out
+    assert "fp32: if everything but the matmuls were free" in out
+    assert "bf16 vs fp32: matmuls are" in out and "Amdahl's law" in out
+    assert "what closes part of the gap" in out and "grad_stats=False" in out
+    assert plot.stat().st_size > 0
+
+
+def test_compile_and_plot_need_the_breakdown(capsys):
+    code, _, err = run_cli(capsys, *SMALL, "--compile")
+    assert code == 2 and "--compile adds a row to the breakdown's closing table: add --breakdown" in err
+
+
+def test_an_empty_precision_list_is_an_error(capsys):
+    for arg in ("", ",", " , "):
+        code, out, err = run_cli(capsys, *TINY, "--precisions", arg)
+        assert code == 2 and out == ""
+        assert "--precisions needs at least one of fp32, tf32, bf16, fp16" in err
+    with pytest.raises(ValueError, match="at least one"):
+        bench.run_bench(("mlp",), (), "cpu")
+
+
+def _never_built(monkeypatch, free=8 * 2**30):
+    """Sizes are refused before any model is built: a real build fails the test."""
+    real = bench.build
+
+    def build(kind, sizes, device, seed=0):
+        assert torch.device(device).type == "meta", "a model was built before the sizes were checked"
+        return real(kind, sizes, device, seed)
+
+    monkeypatch.setattr(bench, "build", build)
+    monkeypatch.setattr(bench, "available_memory", lambda device: free)
+
+
+@pytest.mark.parametrize("flag, value", [("--depth", 1_000_000), ("--width", 10**9), ("--batch", 10**9)])
+def test_any_size_too_large_is_refused_before_building_with_one_that_fits(monkeypatch, capsys, flag, value):
+    _never_built(monkeypatch)
+    code, out, err = run_cli(capsys, "--device", "cpu", "--model", "mlp", flag, str(value))
+    assert code == 2 and out == ""
+    assert "GiB" in err and "only 8.0 GiB is free" in err
+    suggested = int(err.split(f"e.g. {flag} ")[1].split(".")[0].split(",")[0])
+    assert 1 <= suggested < value
+    sizes = bench.Sizes(**{**bench.asdict(bench.default_sizes("mlp", "cpu")), flag[2:]: suggested})
+    copies = 3  # fp32, bf16, fp16 run here
+    assert bench.estimate("mlp", sizes).total_bytes(copies) <= 0.8 * 8 * 2**30  # it would fit
+    bigger = bench.Sizes(**{**bench.asdict(sizes), flag[2:]: suggested + 1})
+    assert bench.estimate("mlp", bigger).total_bytes(copies) > 0.8 * 8 * 2**30  # and is the largest
+
+
+def test_a_long_transformer_sequence_is_refused_naming_a_shorter_one(monkeypatch, capsys):
+    _never_built(monkeypatch)
+    code, _, err = run_cli(capsys, "--device", "cpu", "--model", "transformer", "--seq", "1000000")
+    assert code == 2 and "e.g. --seq " in err
+
+
+def test_sizes_too_slow_in_every_precision_are_refused(monkeypatch, capsys):
+    _never_built(monkeypatch)
+    code, out, err = run_cli(capsys, *TINY, "--model", "mlp", "--max-step-seconds", "1e-12")
+    assert code == 2 and out == ""
+    assert "one step is" in err and "FLOPs" in err and "Use smaller sizes" in err
+    assert "or raise --max-step-seconds" in err
+
+
+def test_a_precision_too_slow_here_is_skipped_and_says_why(monkeypatch):
+    monkeypatch.setattr(bench, "_rate", lambda result, p, dev: 1e-3 if p == "fp16" else 1e3)
+    result = bench.run_bench(("mlp",), ("fp32", "fp16"), "cpu", {"mlp": bench.Sizes(256, 1, 64)},
+                             warmup=0, repeats=1, matmul_sizes=())
+    fp16 = result.row("mlp", "fp16")
+    assert fp16.status == "too slow" and "0.001 GFLOP/s fp16 matmuls reach here" in fp16.reason
+    assert result.row("mlp", "fp32").status == "ok"
+    assert "mlp          fp16 +scaler too slow: one step is" in result.table()
+
+
+def test_a_slow_matmul_size_is_skipped_not_run(monkeypatch):
+    calls = []
+
+    def slow(n, precision, device):
+        calls.append(n)
+        return 0.01  # GFLOP/s: n=256 would take minutes
+
+    monkeypatch.setattr(bench, "matmul_gflops", slow)
+    rows = bench._matmul_rows((32, 256, 512), "fp16", None, torch.device("cpu"))
+    assert calls == [32]
+    assert [r.gflops for r in rows] == [0.01, None, None]
+    assert rows[1].reason.startswith("skipped: about 3.4 s per call at the 0.01 GFLOP/s")
+
+
+def test_heads_that_do_not_divide_the_width_are_a_clear_error(capsys):
+    code, _, err = run_cli(capsys, *TINY, "--model", "transformer", "--width", "30", "--heads", "4")
+    assert code == 2
+    assert "the transformer's --width (30) must be a multiple of --heads (4); e.g. --width 28" in err
+
+
+def test_size_classes_pick_the_documented_tables(capsys):
+    assert bench.default_sizes("mlp", "cpu", "small") == bench.SIZES["cpu"]["small"]["mlp"]
+    assert bench.default_sizes("mlp", "cpu") == bench.SIZES["cpu"]["large"]["mlp"]  # matmul-bound
+    assert bench.default_sizes("transformer", "cpu") == bench.SIZES["cpu"]["small"]["transformer"]
+    assert bench.default_sizes("transformer", "cpu", "large") == bench.SIZES["cpu"]["large"]["transformer"]
+    with pytest.raises(ValueError, match="size must be one of default, small, large"):
+        bench.default_sizes("mlp", "cpu", "huge")
+    with pytest.raises(SystemExit):
+        main(["bench", "--size", "huge"])
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind, sizes", [("mlp", bench.Sizes(48, 4, 8)),
+                                         ("transformer", bench.Sizes(32, 3, 2, seq=6, heads=4))])
+def test_the_estimate_extrapolated_in_depth_equals_the_full_model(kind, sizes):
+    assert bench.estimate(kind, sizes) == bench._estimate_meta(kind, sizes)
+
+
+def test_the_breakdown_plot_states_share_and_bound():
+    cats = dict.fromkeys(bench.bd.CATEGORIES, 0.0)
+    result = bench.BenchResult(device="cpu", device_line="", sizes={})
+    result.breakdowns = [
+        bench.bd.Breakdown("mlp", "fp32", {**cats, "forward matmuls": 30.0, "optimizer": 70.0}, 100.0, 3,
+                           step_ms=100.0, peak_gflops=100.0),
+        bench.bd.Breakdown("mlp", "bf16", {**cats, "forward matmuls": 10.0, "optimizer": 70.0}, 80.0, 3,
+                           step_ms=80.0, peak_gflops=300.0)]
+    from amp_lessons import plots
+
+    fig = plots.step_breakdown(result, "mlp")
+    assert fig.axes[0].get_title() == ("mlp: matmuls are 30% of the fp32 step; bf16 ran 1.25x fp32's "
+                                       "speed, Amdahl allows 1.25x")
+    assert fig.axes[0].get_xlabel().startswith("ms per Trainer step")
+    with pytest.raises(ValueError, match="breakdown=True"):
+        plots.step_breakdown(result, "transformer")

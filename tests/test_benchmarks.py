@@ -37,14 +37,26 @@ def test_the_hand_loop_trains_the_trainers_model_with_its_optimizer():
     assert all(p.grad is None for p in trainer.model.parameters())  # zero_grad(set_to_none=True)
 
 
-def test_compare_interleaves_blocks_and_reports_medians():
+def test_the_two_trainers_share_the_model_optimizer_and_scaler():
+    data = random_task(n=256, d_in=16, classes=10)
+    on, off = loop_overhead.trainers(mlp(16, 16, 10), data, "fp16", torch.device("cpu"), 8, 1e-3)
+    assert off.model is on.model and off.optimizer is on.optimizer and off.scaler is on.scaler
+    assert (on.grad_stats, off.grad_stats) == (True, False)
+    on.fit(1)
+    off.fit(1)
+    assert int(on.optimizer.state[next(on.model.parameters())]["step"]) == 2
+    assert on.history["zero_frac"][0] >= 0 and off.history["zero_frac"][0] != off.history["zero_frac"][0]
+
+
+def test_compare_interleaves_three_loops_and_reports_medians():
     row = loop_overhead.compare("fp32", torch.device("cpu"), depth=1, width=16, batch_size=8,
                                 seconds=0.05, block_s=0.005, min_pairs=3)
-    assert row["pairs"] >= 3 and row["steps"] >= 1 and row["batch"] == 8
-    assert row["hand_ms"] > 0 and row["trainer_ms"] > 0 and row["ratio"] > 0
-    low, high = row["quartiles"]
-    assert low <= row["ratio"] <= high
-    assert row["skipped"] == 0
+    assert row["rounds"] >= 3 and row["steps"] >= 1 and row["batch"] == 8
+    assert row["hand_ms"] > 0 and row["off_ms"] > 0 and row["on_ms"] > 0
+    for key in ("off", "on"):
+        low, high = row[f"{key}_quartiles"]
+        assert low <= row[f"{key}_ratio"] <= high
+    assert row["skipped"] == 0 and "stats_ms" in row
 
 
 def test_the_table_has_a_row_per_batch_and_precision(capsys, monkeypatch):
@@ -56,4 +68,5 @@ def test_the_table_has_a_row_per_batch_and_precision(capsys, monkeypatch):
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["8"], ["16"])]
     assert [(r[0], r[1]) for r in rows] == [("8", "fp32"), ("8", "tf32"), ("16", "fp32"), ("16", "tf32")]
     assert "skipped: TF32" in out  # no TF32 on a CPU: said, not timed
-    assert "worst ratio" in out
+    assert "stats off" in out and "stats on" in out and "stats +ms" in out
+    assert "worst ratio with statistics off" in out

@@ -131,3 +131,56 @@ def test_step_flops_of_a_linear_layer_by_hand():
     assert step_flops(lin, x) == 4 * 16 * 64 * 32
     assert step_flops(lin, x.requires_grad_()) == 6 * 16 * 64 * 32
     assert lin.weight.device.type == "cpu" and lin.weight.grad is None  # the model is untouched
+
+
+def test_training_memory_counts_every_kind_by_hand():
+    from amp_lessons.measure import optimizer_state_bytes, training_memory
+
+    model = mlp(32, 64, 10, depth=2)  # layers 32->64, 64->64, 64->10
+    params = 32 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    # AdamW: two float32 moments per weight and a float32 step count per tensor
+    assert optimizer_state_bytes(model) == 2 * 4 * params + 4 * 6
+    fp32 = training_memory(model, x, y, "fp32")
+    assert (fp32.weights, fp32.gradients, fp32.weight_copies) == (4 * params, 4 * params, 0)
+    assert fp32.activations == saved_memory(model, x, y, "fp32").activation_bytes
+    bf16 = training_memory(model, x, y, "bf16")
+    # only activations and the 16-bit weight copies change; weights, grads and Adam state do not
+    assert (bf16.weights, bf16.gradients, bf16.optimizer_state) == (fp32.weights, fp32.gradients,
+                                                                     fp32.optimizer_state)
+    assert bf16.weight_copies == 2 * (64 * 64 + 64 * 10)  # the layers whose input needs a gradient
+    assert bf16.total == sum((bf16.weights, bf16.gradients, bf16.optimizer_state, bf16.weight_copies,
+                              bf16.activations))
+    assert fp32.cuda_peak is None and all(p.grad is None for p in model.parameters())  # untouched
+
+
+def test_a_doubled_batch_costs_only_its_activations_and_the_fit_is_exact():
+    from amp_lessons.measure import doubled_batch
+
+    model = mlp(32, 64, 10, depth=2)
+    x, y = torch.randn(256, 32), torch.randint(0, 10, (256,))
+    cost = doubled_batch(model, x, y, ("bf16", "fp16"))
+    assert list(cost.rows) == ["fp32", "bf16", "fp16"] and cost.batch == 256
+    for one, two in cost.rows.values():
+        assert two.batch == 512
+        assert two.total - one.total == two.activations - one.activations  # nothing else grows
+    budget = cost.rows["fp32"][0].total
+    n = cost.batch_in_fp32_memory("bf16")
+    one, two = cost.rows["bf16"]
+    per_example = (two.total - one.total) // 256
+    assert one.total + (n - 256) * per_example <= budget < one.total + (n + 1 - 256) * per_example
+    assert 256 < n < 512  # more than fp32's batch, not twice it
+    assert cost.largest_batch("fp32", budget) == 256
+    (line, _) = cost.fits_lines()
+    assert line.startswith(f"in the {budget / 2**20:.2f} MB fp32 holds at batch 256, bf16 fits batch {n}, ")
+    assert line.endswith("as large, not 2x")
+    assert "fp32" in cost.table() and "x2 batch" in cost.table()
+    assert cost.peak_line().startswith("peak memory of a whole step: GPU only (on cpu")
+
+
+def test_where_weight_copies_outweigh_the_saving_16_bit_fits_a_smaller_batch():
+    from amp_lessons.measure import doubled_batch
+
+    # 16 examples of a 64-wide MLP: the 16-bit weight copies cost more than the activations save
+    cost = doubled_batch(mlp(32, 64, 10, depth=2), torch.randn(16, 32), torch.randint(0, 10, (16,)), ["bf16"])
+    assert cost.batch_in_fp32_memory("bf16") < 16

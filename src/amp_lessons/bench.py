@@ -1,28 +1,44 @@
-"""``python -m amp_lessons bench``: every precision this device runs, side by side.
+"""``python -m amp_lessons bench``: every precision this device runs, side by side, and
+where a mixed-precision step's time goes.
 
 One model and batch per row block (an MLP and a transformer stack), trained for a few
 steps in fp32, tf32, bf16 and fp16 + GradScaler in one process, with the timed steps
 interleaved so that all precisions share the machine's drift. Per precision: median
 ms/step, speedup against fp32, activation memory saved for backward (and its ratio to
 fp32), the 16-bit weight copies apart, achieved TFLOP/s, and on CUDA the step's peak
-memory. A matmul block shows achieved GFLOP/s per dtype, which is *why* a precision is
-fast or slow on this device. Performance is read as ratios within one run, never as
-absolute thresholds.
+memory. A matmul block shows achieved GFLOP/s per dtype and size; its best size is the
+device's measured *peak* in that precision, which is *why* a precision is fast or slow here.
 
-Used in 05_putting_it_together; the command prints the same table.
+Sizes (``--size``): ``small`` is quick everywhere and dominated by small kernels; ``large``
+makes the matmuls most of an fp32 step on this device type (a CPU, or a GPU); ``default``
+runs the MLP large and the transformer small, so one run shows both regimes. Every
+configuration is estimated before it is built (parameters, bytes, FLOPs on the meta
+device, extrapolated in depth): sizes that cannot fit the free memory, or whose fp32
+step would take longer than ``--max-step-seconds`` at the measured matmul rate, are
+refused with a size that would fit; a precision too slow for that limit is skipped and
+says why.
+
+``--breakdown`` profiles one Trainer step per precision (:mod:`amp_lessons.breakdown`:
+forward and backward matmuls, the rest of each, autocast casts, optimizer, bookkeeping,
+data), sets the step's matmul FLOP/s against the measured peak, bounds the speedup with
+Amdahl's law, and times the changes that close part of the gap side by side.
+
+Performance is read as ratios within one run, never as absolute thresholds.
+Used in 05_putting_it_together; the command prints the same tables.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch.nn import functional as F
 
+from . import breakdown as bd
 from .hardware import hardware_report, pick_device, supported_precisions
-from .matmul import matmul_gflops
+from .matmul import matmul_flops, matmul_gflops
 from .measure import (
     MB,
     SavedTensorsMeter,
@@ -43,8 +59,11 @@ from .precision import (
 )
 
 MODELS = ("mlp", "transformer")
+SIZE_CHOICES = ("default", "small", "large")
 GiB = 2**30
 CLASSES = 10
+MAX_STEP_SECONDS = 2.0    # a precision whose estimated step is slower is skipped, and says why
+MAX_MATMUL_SECONDS = 3.0  # the same for one size of the matmul block (all its repeats)
 
 
 @dataclass(frozen=True)
@@ -58,25 +77,56 @@ class Sizes:
     heads: int = 4
 
 
-# Small enough for ~30-60 s on a 2-core CPU; large enough on a GPU to be compute-bound.
-DEFAULTS = {
-    "cpu": {"mlp": Sizes(width=512, depth=4, batch=128), "transformer": Sizes(width=128, depth=2, batch=8, seq=64)},
-    "cuda": {"mlp": Sizes(width=4096, depth=8, batch=4096),
-             "transformer": Sizes(width=1024, depth=4, batch=16, seq=512, heads=16)},
+# small: quick on any device, dominated by small kernels. large: matmuls are most of an
+# fp32 step on that kind of device (measured: benchmarks/README.md).
+SIZES = {
+    "cpu": {
+        "small": {"mlp": Sizes(width=512, depth=4, batch=128),
+                  "transformer": Sizes(width=128, depth=2, batch=8, seq=64)},
+        "large": {"mlp": Sizes(width=1024, depth=4, batch=512),
+                  "transformer": Sizes(width=256, depth=2, batch=16, seq=128)},
+    },
+    "cuda": {
+        "small": {"mlp": Sizes(width=1024, depth=4, batch=1024),
+                  "transformer": Sizes(width=512, depth=2, batch=16, seq=256, heads=8)},
+        "large": {"mlp": Sizes(width=4096, depth=8, batch=4096),
+                  "transformer": Sizes(width=1024, depth=4, batch=16, seq=512, heads=16)},
+    },
 }
-MATMUL_SIZES = {"cpu": (128, 256, 512), "cuda": (1024, 4096, 8192)}
+DEFAULT_SIZE = {"mlp": "large", "transformer": "small"}  # --size default: one of each regime
+MATMUL_SIZES = {"cpu": (128, 256, 512, 1024), "cuda": (1024, 2048, 4096, 8192)}
 
 
 class BenchMemoryError(RuntimeError):
     """The requested sizes do not fit this device's free memory."""
 
 
-def default_sizes(kind: str, device) -> Sizes:
-    """The sizes ``bench`` uses for ``kind`` on ``device`` when no flag overrides them."""
+class BenchTooSlowError(RuntimeError):
+    """The requested sizes would take too long per step on this device."""
+
+
+def _table(device) -> dict:
+    return SIZES["cuda"] if torch.device(device).type == "cuda" else SIZES["cpu"]
+
+
+def default_sizes(kind: str, device, size: str = "default") -> Sizes:
+    """The sizes ``bench`` uses for ``kind`` on ``device`` at ``--size size``, when no flag overrides them."""
     if kind not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}; got {kind!r}")
-    table = DEFAULTS["cuda"] if torch.device(device).type == "cuda" else DEFAULTS["cpu"]
-    return table[kind]
+    if size not in SIZE_CHOICES:
+        raise ValueError(f"size must be one of {', '.join(SIZE_CHOICES)}; got {size!r}")
+    return _table(device)[DEFAULT_SIZE[kind] if size == "default" else size][kind]
+
+
+def validate_sizes(kind: str, sizes: Sizes) -> None:
+    """Raise ``ValueError`` (saying what to pass) for sizes no model can be built with."""
+    for name in ("width", "depth", "batch", "seq", "heads"):
+        value = getattr(sizes, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"--{name} must be a positive integer; got {value!r}")
+    if kind == "transformer" and sizes.width % sizes.heads:
+        raise ValueError(f"the transformer's --width ({sizes.width}) must be a multiple of --heads "
+                         f"({sizes.heads}); e.g. --width {max(sizes.heads, sizes.width - sizes.width % sizes.heads)}")
 
 
 def build(kind: str, sizes: Sizes, device, seed: int = 0):
@@ -93,23 +143,28 @@ def build(kind: str, sizes: Sizes, device, seed: int = 0):
                                     classes=CLASSES)
         else:
             raise ValueError(f"model must be one of {', '.join(MODELS)}; got {kind!r}")
-    shape = (sizes.batch, sizes.width) if kind == "mlp" else (sizes.batch, sizes.seq, sizes.width)
-    if device.type == "meta":
-        x = torch.empty(shape, device=device)
-        y = torch.empty(sizes.batch, dtype=torch.long, device=device)
-    else:
-        x = torch.randn(shape, generator=g).to(device)
-        y = torch.randint(0, CLASSES, (sizes.batch,), generator=g).to(device)
+    x, y = inputs(kind, sizes, device, g)
     return model, x, y
+
+
+def inputs(kind: str, sizes: Sizes, device, generator=None, rows: int | None = None):
+    """Random inputs and labels for ``kind``: ``rows`` examples (default ``sizes.batch``)."""
+    device = torch.device(device)
+    rows = sizes.batch if rows is None else rows
+    shape = (rows, sizes.width) if kind == "mlp" else (rows, sizes.seq, sizes.width)
+    if device.type == "meta":
+        return torch.empty(shape, device=device), torch.empty(rows, dtype=torch.long, device=device)
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    return torch.randn(shape, generator=g).to(device), torch.randint(0, CLASSES, (rows,), generator=g).to(device)
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes one training step needs, estimated on the meta device (nothing is allocated)."""
+    """Bytes and work of one training step, estimated on the meta device (nothing is allocated)."""
 
     parameters: int        # parameter count
     saved_fp32_bytes: int  # bytes saved for backward in fp32 (an upper bound for 16-bit)
-    flops: int             # forward + backward FLOPs of one step
+    flops: int             # forward + backward FLOPs of one step (matmul work)
 
     def total_bytes(self, models: int = 1) -> int:
         """``models`` copies of weights + grads + Adam's two moments (4 x 4 bytes per
@@ -117,9 +172,12 @@ class Estimate:
         much again for the activation gradients of backward."""
         return 16 * self.parameters * models + 2 * self.saved_fp32_bytes
 
+    def step_seconds(self, gflops: float) -> float:
+        """The step's matmul work alone at ``gflops``: a lower bound of its time."""
+        return self.flops / (gflops * 1e9)
 
-def estimate(kind: str, sizes: Sizes) -> Estimate:
-    """Parameter count, fp32 saved bytes and FLOPs of one step, computed on the meta device."""
+
+def _estimate_meta(kind: str, sizes: Sizes) -> Estimate:
     model, x, y = build(kind, sizes, "meta")
     with SavedTensorsMeter(model) as meter:
         loss = F.cross_entropy(model(x), y)
@@ -128,26 +186,67 @@ def estimate(kind: str, sizes: Sizes) -> Estimate:
                     saved_fp32_bytes=meter.result.activation_bytes, flops=step_flops(model, x, y))
 
 
+def estimate(kind: str, sizes: Sizes) -> Estimate:
+    """Parameter count, fp32 saved bytes and FLOPs of one step, without building the model.
+
+    Measured on the meta device at depth 1 and 2 and extrapolated: every layer (block)
+    adds the same, so the cost does not grow with ``depth`` (``--depth 1000000`` is
+    answered at once).
+    """
+    validate_sizes(kind, sizes)
+    one = _estimate_meta(kind, replace(sizes, depth=1))
+    if sizes.depth == 1:
+        return one
+    two = _estimate_meta(kind, replace(sizes, depth=2))
+    k = sizes.depth - 1
+    return Estimate(*(a + k * (b - a) for a, b in zip(asdict(one).values(), asdict(two).values())))
+
+
 def check_fits(need_bytes: int, free_bytes: int | None, what: str, hint: str) -> None:
     """Raise :class:`BenchMemoryError` when ``need_bytes`` exceeds 80% of ``free_bytes``."""
     if free_bytes is not None and need_bytes > 0.8 * free_bytes:
         raise BenchMemoryError(
-            f"{what} needs about {need_bytes / GiB:.1f} GiB (weights, gradients and Adam state of "
-            f"one model copy per precision, and one step's activations) but only "
-            f"{free_bytes / GiB:.1f} GiB is free. "
-            f"Use smaller sizes: {hint}.")
+            f"{what} needs about {need_bytes / GiB:,.1f} GiB (weights, gradients and Adam state of "
+            f"every model copy the bench keeps, and one step's activations) but only "
+            f"{free_bytes / GiB:.1f} GiB is free. Use smaller sizes: {hint}.")
 
 
-def _smaller(sizes: Sizes, est: Estimate, need: int, free: int | None) -> str:
-    """A flag that would fit: a smaller width where weights dominate, else a smaller batch."""
-    share = 0.7 * (free or need) / need  # a little below the 80% check
-    if 16 * est.parameters > 2 * est.saved_fp32_bytes:
-        return f"e.g. --width {max(8, int(sizes.width * min(1.0, share) ** 0.5))}"
-    batch = int(sizes.batch * min(1.0, share))
-    if batch < 1:
-        return "--batch 1 and a shorter --seq (attention grows with its square)" if sizes.seq > 1 else \
-            "--batch 1 and a smaller --width"
-    return f"e.g. --batch {batch}"
+def describe(kind: str, sizes: Sizes) -> str:
+    """``the mlp at width 1024, depth 4, batch 512`` (and seq for the transformer)."""
+    return (f"the {kind} at width {sizes.width}, depth {sizes.depth}, batch {sizes.batch}"
+            + (f", seq {sizes.seq}" if kind == "transformer" else ""))
+
+
+def _dims(kind: str) -> tuple[str, ...]:
+    return ("batch", "width", "depth", "seq") if kind == "transformer" else ("batch", "width", "depth")
+
+
+def suggest(kind: str, sizes: Sizes, fits, prefer=()) -> str:
+    """A flag that would fit: the largest value of one size that makes ``fits(sizes)`` true,
+    trying the sizes in ``prefer`` first (those the caller raised), then batch, width, depth, seq."""
+    order = list(dict.fromkeys([*prefer, *_dims(kind)]))
+    step = {"width": sizes.heads if kind == "transformer" else 1}
+    for dim in order:
+        unit = step.get(dim, 1)
+        cur = getattr(sizes, dim) // unit
+        if cur <= 1 or not fits(replace(sizes, **{dim: unit})):
+            continue
+        lo, hi = 1, cur - 1
+        while lo < hi:  # largest value that fits
+            mid = (lo + hi + 1) // 2
+            if fits(replace(sizes, **{dim: mid * unit})):
+                lo = mid
+            else:
+                hi = mid - 1
+        return f"e.g. --{dim} {lo * unit}"
+    return "--batch 1 and smaller --width and --depth"
+
+
+def _raised(kind: str, sizes: Sizes, device) -> list[str]:
+    """The sizes set above this device's large defaults, the most raised first."""
+    base = SIZES["cuda" if torch.device(device).type == "cuda" else "cpu"]["large"][kind]
+    grown = [(getattr(sizes, d) / getattr(base, d), d) for d in _dims(kind) if getattr(sizes, d) > getattr(base, d)]
+    return [d for _, d in sorted(grown, reverse=True)]
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -182,7 +281,7 @@ def make_step(model, precision: str, x, y, lr: float = 1e-3):
 
 @dataclass
 class Row:
-    """One precision of one model. ``status``: ok, unsupported, out of memory, error."""
+    """One precision of one model. ``status``: ok, unsupported, too slow, out of memory, error."""
 
     model: str
     precision: str
@@ -208,13 +307,17 @@ class MatmulRow:
 
 @dataclass
 class BenchResult:
-    """What ``bench`` measured: rows per model and precision, the matmul block, the device."""
+    """What ``bench`` measured: rows per model and precision, the matmul block, the device,
+    and with ``--breakdown`` the step breakdowns and the closing-the-gap tables."""
 
     device: str
     device_line: str
     sizes: dict[str, dict]
     rows: list[Row] = field(default_factory=list)
     matmul: list[MatmulRow] = field(default_factory=list)
+    breakdowns: list[bd.Breakdown] = field(default_factory=list)
+    closing: dict[str, bd.Closing] = field(default_factory=dict)
+    load: tuple[float, float, float] | None = None
 
     def row(self, model: str, precision: str) -> Row:
         for r in self.rows:
@@ -222,10 +325,32 @@ class BenchResult:
                 return r
         raise KeyError(f"no row for {model} {precision}")
 
+    def peak(self, precision: str) -> tuple[float, int] | None:
+        """(GFLOP/s, n): the matmul block's best size in ``precision``, the device's measured peak."""
+        rates = [(m.gflops, m.n) for m in self.matmul if m.precision == parse_precision(precision) and m.gflops]
+        return max(rates) if rates else None
+
+    def breakdown(self, model: str, precision: str) -> bd.Breakdown | None:
+        for b in self.breakdowns:
+            if b.model == model and b.precision == parse_precision(precision):
+                return b
+        return None
+
+    def amdahl(self, model: str, precision: str) -> bd.Amdahl | None:
+        """Amdahl's bound for ``precision`` against fp32 on ``model`` (needs ``--breakdown``)."""
+        fp32, other = self.breakdown(model, "fp32"), self.breakdown(model, precision)
+        return bd.amdahl(fp32, other) if fp32 and other else None
+
     def as_dict(self) -> dict:
         return {"device": self.device, "device_line": self.device_line, "sizes": self.sizes,
                 "rows": [asdict(r) for r in self.rows], "matmul": [asdict(m) for m in self.matmul],
-                "note": self.noise_note()}
+                "peaks": {p: self.peak(p) for p in dict.fromkeys(m.precision for m in self.matmul)},
+                "breakdowns": [b.as_dict() for b in self.breakdowns],
+                "amdahl": [asdict(a) for a in (self.amdahl(b.model, b.precision) for b in self.breakdowns
+                                               if b.precision != "fp32") if a],
+                "closing": {k: {"rows": [asdict(r) for r in c.rows], "rounds": c.rounds}
+                            for k, c in self.closing.items()},
+                "load": self.load, "note": self.noise_note()}
 
     def noise_note(self, limit: float = 0.25) -> str | None:
         """A warning when the middle half of some step's repeats spreads over more than
@@ -239,8 +364,12 @@ class BenchResult:
                 f"something else is using this machine. Read the ratios from a quieter run{hint}.")
 
     def table(self) -> str:
-        """The rows, the matmul block and the device line, as aligned text."""
-        out = [self.device_line, ""]
+        """The rows, the matmul block and the device line, as aligned text; with the
+        breakdown, its tables after them."""
+        out = [self.device_line]
+        for kind, s in self.sizes.items():
+            out.append(f"  {describe(kind, Sizes(**s))}" + (f", {s['heads']} heads" if kind == "transformer" else ""))
+        out.append("")
         head = (f"{'model':<12} {'precision':<12} {'ms/step':>8} {'speedup':>8} {'act MB':>8} "
                 f"{'act ratio':>9} {'w-copy MB':>9} {'TFLOP/s':>8}")
         if any(r.peak_mb is not None for r in self.rows):
@@ -259,17 +388,63 @@ class BenchResult:
         note = self.noise_note()
         if note:
             out += ["", note]
-        if self.matmul:
-            sizes = sorted({m.n for m in self.matmul})
-            out += ["", "matmul GFLOP/s (n x n @ n x n): " + "  ".join(f"n={n}" for n in sizes)]
-            for p in dict.fromkeys(m.precision for m in self.matmul):
-                cells = {m.n: m for m in self.matmul if m.precision == p}
-                first = next(iter(cells.values()))
-                if first.gflops is None:
-                    out.append(f"  {p:<6} {first.reason}")
-                else:
-                    out.append(f"  {p:<6} " + "  ".join(f"{cells[n].gflops:>{len(str(n)) + 2}.0f}" for n in sizes))
+        out += self._matmul_lines()
+        for kind in dict.fromkeys(b.model for b in self.breakdowns):
+            out += ["", *self.breakdown_lines(kind)]
         return "\n".join(out)
+
+    def _matmul_lines(self) -> list[str]:
+        if not self.matmul:
+            return []
+        sizes = sorted({m.n for m in self.matmul})
+        out = ["", "matmul GFLOP/s (n x n @ n x n): " + "  ".join(f"n={n}" for n in sizes) + "   peak"]
+        notes = []
+        for p in dict.fromkeys(m.precision for m in self.matmul):
+            cells = {m.n: m for m in self.matmul if m.precision == p}
+            if all(m.gflops is None for m in cells.values()):
+                out.append(f"  {p:<6} {next(iter(cells.values())).reason}")
+                continue
+            line = "  ".join(f"{cells[n].gflops:>{len(str(n)) + 2}.0f}" if cells.get(n) and cells[n].gflops
+                             else f"{'-':>{len(str(n)) + 2}}" for n in sizes)
+            rate, n = self.peak(p)
+            out.append(f"  {p:<6} {line}   {rate:.0f} (n={n})")
+            notes += [f"  {p} n={m.n}: {m.reason}" for m in cells.values() if m.gflops is None and m.reason]
+        return out + notes
+
+    def breakdown_lines(self, kind: str) -> list[str]:
+        """One model's step breakdown, fraction of peak, Amdahl lines and closing table."""
+        bds = [b for b in self.breakdowns if b.model == kind]
+        if not bds:
+            return []
+        names = list(bds[0].ms)
+        out = [f"where one Trainer step's time goes: {describe(kind, Sizes(**self.sizes[kind]))} "
+               f"(torch.profiler, median of {bds[0].steps} steps; ms and share)",
+               f"{'':<18}" + "".join(f"{b.precision:>16}" for b in bds)]
+        for name in names:
+            out.append(f"{name:<18}" + "".join(f"{b.ms[name]:>9.1f} {b.share(name):>5.0%}" for b in bds))
+        out.append(f"{'sum of the above':<18}" + "".join(f"{b.total_ms:>9.1f}{'':>7}" for b in bds))
+        out.append(f"{'profiled step':<18}" + "".join(f"{b.wall_ms:>9.1f}{'':>7}" for b in bds))
+        out.append(f"{'step, no profiler':<18}" + "".join(
+            f"{b.step_ms:>9.1f}{'':>7}" if b.step_ms else f"{'-':>9}{'':>7}" for b in bds))
+        out.append("")
+        for b in bds:
+            line = f"{b.precision}: the step's matmuls run at {b.step_gflops:.0f} GFLOP/s over the whole step"
+            if b.peak_gflops:
+                line += (f", {b.peak_fraction:.0%} of this device's measured {b.precision} peak "
+                         f"({b.peak_gflops:.0f} at n={b.peak_n})")
+                line += f"; inside the matmul ops {b.matmul_gflops:.0f} ({b.matmul_gflops / b.peak_gflops:.0%})"
+            out.append(line)
+        lines = [self.amdahl(kind, b.precision) for b in bds if b.precision != "fp32"]
+        fp32 = self.breakdown(kind, "fp32")
+        if fp32 is not None:
+            out.append(f"fp32: if everything but the matmuls were free, the step would be "
+                       f"{1 / fp32.matmul_share if fp32.matmul_share else float('inf'):.2f}x faster")
+        out += [a.line() for a in lines if a is not None]
+        closing = self.closing.get(kind)
+        if closing is not None:
+            out += ["", "what closes part of the gap (each change's gain, side by side in one run):",
+                    closing.table()]
+        return out
 
 
 def _x(v) -> str:
@@ -300,60 +475,119 @@ def _progress_bar(total: int, progress, desc: str = "bench"):
     return bar(total, desc, progress)
 
 
-def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | None = None,
-              warmup: int = 2, repeats: int = 7, matmul_sizes=None, progress=None) -> BenchResult:
-    """Measure every precision in ``precisions`` on ``device`` for each model in ``models``.
-
-    A precision this device cannot run gets a row with ``status="unsupported"`` and the
-    reason; the others still run. Sizes that cannot fit raise :class:`BenchMemoryError`
-    before anything is allocated; an out-of-memory during a run marks that row.
-    ``matmul_sizes=()`` skips the matmul block.
-    """
-    dev = pick_device(device)
-    names = list(dict.fromkeys(parse_precision(p) for p in precisions))
+def _check_names(models, precisions) -> list[str]:
     for kind in models:
         if kind not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}; got {kind!r}")
+    names = list(dict.fromkeys(parse_precision(p) for p in precisions))
+    if not names:
+        raise ValueError(f"precisions must name at least one of {', '.join(PRECISIONS)}; got none")
+    if not models:
+        raise ValueError(f"models must name at least one of {', '.join(MODELS)}; got none")
+    return names
+
+
+def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | None = None,
+              warmup: int = 2, repeats: int = 7, matmul_sizes=None, progress=None, size: str = "default",
+              breakdown: bool = False, compile: bool = False, profile_steps: int = 5,
+              max_step_seconds: float = MAX_STEP_SECONDS) -> BenchResult:
+    """Measure every precision in ``precisions`` on ``device`` for each model in ``models``.
+
+    A precision this device cannot run gets a row with ``status="unsupported"`` and the
+    reason; one whose step would take longer than ``max_step_seconds`` at its measured
+    matmul rate, ``"too slow"``; the others still run. Sizes that cannot fit raise
+    :class:`BenchMemoryError`, and sizes too slow in every precision
+    :class:`BenchTooSlowError`, before anything is allocated, naming a size that would fit;
+    an out-of-memory during a run marks that row. ``matmul_sizes=()`` skips the matmul
+    block (a quick probe still sets the time estimate). ``breakdown=True`` adds the step
+    breakdowns and the closing table (``compile=True``: with a ``torch.compile`` row).
+    """
+    dev = pick_device(device)
+    names = _check_names(models, precisions)
     why_not = supported_precisions(dev)
     runnable = [p for p in names if why_not[p] is None]
-    sizes = {kind: (sizes or {}).get(kind) or default_sizes(kind, dev) for kind in models}
+    sizes = {kind: (sizes or {}).get(kind) or default_sizes(kind, dev, size) for kind in models}
+    changes = (*bd.CHANGES, bd.COMPILE) if compile else bd.CHANGES
+    copies = max(1, len(runnable)) * (1 + (len(changes) if breakdown else 0))
     estimates = {kind: estimate(kind, sizes[kind]) for kind in models}
     free = available_memory(dev)
     for kind in models:
         s, est = sizes[kind], estimates[kind]
-        need = est.total_bytes(max(1, len(runnable)))
-        check_fits(need, free, f"the {kind} at width {s.width}, depth {s.depth}, batch {s.batch}"
-                   + (f", seq {s.seq}" if kind == "transformer" else ""), _smaller(s, est, need, free))
+
+        def fits_memory(candidate, kind=kind):
+            return free is None or estimate(kind, candidate).total_bytes(copies) <= 0.8 * free
+
+        if not fits_memory(s):
+            check_fits(est.total_bytes(copies), free, describe(kind, s),
+                       suggest(kind, s, fits_memory, _raised(kind, s, dev)))
     if matmul_sizes is None:
         matmul_sizes = MATMUL_SIZES["cuda" if dev.type == "cuda" else "cpu"]
     result = BenchResult(device=str(dev), device_line=device_line(dev),
-                         sizes={k: asdict(v) for k, v in sizes.items()})
-    bar = _progress_bar(len(models) * (repeats + len(runnable)) + len(matmul_sizes) * len(runnable), progress)
+                         sizes={k: asdict(v) for k, v in sizes.items()}, load=bd.load_average())
+    for p in names:
+        result.matmul += _matmul_rows(matmul_sizes, p, why_not[p], dev)
+    rates = {p: _rate(result, p, dev) for p in runnable}
+    too_slow = {kind: _too_slow(kind, sizes[kind], estimates[kind], runnable, rates, max_step_seconds, dev)
+                for kind in models}
+    per_model = repeats + len(runnable) + (len(runnable) * len(changes) + repeats + 1 if breakdown else 0)
+    bar = _progress_bar(len(models) * per_model, progress)
     try:
         for kind in models:
-            result.rows += _bench_model(kind, sizes[kind], estimates[kind], names, why_not, dev,
+            slow = too_slow[kind]
+            result.rows += _bench_model(kind, sizes[kind], estimates[kind], names, why_not, slow, dev,
                                         warmup, repeats, bar)
-        for p in names:
-            for n in matmul_sizes:
-                result.matmul.append(_matmul_row(n, p, why_not[p], dev))
-                if bar is not None and why_not[p] is None:
-                    bar.update(1)
+            ok = [p for p in runnable if p not in slow and result.row(kind, p).status == "ok"]
+            if breakdown and ok:
+                _breakdown(result, kind, sizes[kind], estimates[kind], ok, dev, changes, warmup, repeats,
+                           profile_steps, bar)
     finally:
         if bar is not None:
             bar.close()
     return result
 
 
-def _bench_model(kind, sizes, est, names, why_not, dev, warmup, repeats, bar) -> list[Row]:
-    rows = {p: Row(kind, p, "unsupported", why_not[p]) for p in names if why_not[p] is not None}
-    runnable = [p for p in names if why_not[p] is None]
+def _too_slow(kind, sizes, est, runnable, rates, limit, dev) -> dict[str, str]:
+    """The precisions whose step would take longer than ``limit`` seconds, with the reason;
+    raises :class:`BenchTooSlowError` (naming a size that would do) when that is all of them."""
+    slow = {}
+    for p in runnable:
+        seconds = est.step_seconds(rates[p]) if rates[p] else 0.0
+        if seconds > limit:
+            slow[p] = (f"one step is {est.flops:.3g} FLOPs: about {seconds:,.1f} s at the {rates[p]:.3g} "
+                       f"GFLOP/s {p} matmuls reach here (limit --max-step-seconds {limit:g})")
+    if runnable and len(slow) == len(runnable):
+        fastest = max(runnable, key=lambda p: rates[p] or 0.0)
+
+        def fits(candidate):
+            return estimate(kind, candidate).step_seconds(rates[fastest]) <= limit
+
+        raise BenchTooSlowError(
+            f"{describe(kind, sizes)}: {slow[fastest]}. Use smaller sizes: "
+            f"{suggest(kind, sizes, fits, _raised(kind, sizes, dev))}, or raise --max-step-seconds.")
+    return slow
+
+
+def _rate(result, precision, dev) -> float | None:
+    """The matmul rate the time estimate uses: the block's peak, or where the block has no
+    size as large as a quick probe's (tiny matmuls measure call overhead), the probe's."""
+    probe_n = 2048 if dev.type == "cuda" else 256
+    peak = result.peak(precision)
+    if peak and peak[1] >= probe_n:
+        return peak[0]
     try:
-        base, x, y = build(kind, sizes, dev)
-    except (MemoryError, RuntimeError) as err:
-        if not _is_oom(err):
-            raise
-        raise BenchMemoryError(f"the {kind} at width {sizes.width}, depth {sizes.depth}, batch "
-                               f"{sizes.batch} does not fit on {dev}: use smaller --batch or --width") from err
+        probe = matmul_gflops(probe_n, precision, dev, warmup=1, repeats=2)
+    except Exception:
+        probe = None
+    return max(v for v in (probe, peak[0] if peak else None, 0.0) if v is not None) or None
+
+
+def _bench_model(kind, sizes, est, names, why_not, slow, dev, warmup, repeats, bar) -> list[Row]:
+    rows = {p: Row(kind, p, "unsupported", why_not[p]) for p in names if why_not[p] is not None}
+    rows.update({p: Row(kind, p, "too slow", why) for p, why in slow.items()})
+    runnable = [p for p in names if why_not[p] is None and p not in slow]
+    if not runnable:
+        return [rows[p] for p in names]
+    base, x, y = _build_or_refuse(kind, sizes, dev)
     models, steps = {}, {}
     for p in runnable:
         try:
@@ -388,6 +622,48 @@ def _bench_model(kind, sizes, est, names, why_not, dev, warmup, repeats, bar) ->
     return [rows[p] for p in names]
 
 
+def _build_or_refuse(kind, sizes, dev):
+    try:
+        return build(kind, sizes, dev)
+    except (MemoryError, RuntimeError) as err:
+        if not _is_oom(err):
+            raise
+        raise BenchMemoryError(f"{describe(kind, sizes)} does not fit on {dev}: use smaller --batch "
+                               "or --width") from err
+
+
+def _breakdown(result, kind, sizes, est, precisions, dev, changes, warmup, repeats, profile_steps, bar):
+    """Time the closing changes side by side, then profile the Trainer as the lessons use it."""
+    from .data import Dataset
+    from .seeding import rng_state, set_rng_state
+
+    state = rng_state()  # the Trainers seed the global generators: put them back afterwards
+    try:
+        base, _, _ = _build_or_refuse(kind, sizes, dev)
+        x, y = inputs(kind, sizes, dev, torch.Generator().manual_seed(1), rows=2 * sizes.batch)
+        data = Dataset(x, y, x[:1], y[:1], name=f"bench {kind}")
+
+        def make(p, change):
+            return bd.make_trainer(copy.deepcopy(base), data, p, dev, change, batch_size=sizes.batch)
+
+        tick = (lambda: bar.update(1)) if bar is not None else None
+        closing, trainers = bd.closing_runs(make, precisions, dev, changes, warmup, repeats, on_step=tick)
+        result.closing[kind] = closing
+        first = changes[0].label
+        chosen = {p: trainers[p, first] for p in precisions if (p, first) in trainers}
+        for p, b in bd.profile_trainers(chosen, steps=profile_steps, warmup=0, model=kind).items():
+            b.flops, b.step_ms = est.flops, closing.row(p, first).ms
+            peak = result.peak(p)
+            if peak:
+                b.peak_gflops, b.peak_n = peak
+            result.breakdowns.append(b)
+        if tick:
+            tick()
+        del trainers
+    finally:
+        set_rng_state(state)
+
+
 def _failed(kind, precision, err, dev) -> Row:
     if _is_oom(err):
         if dev.type == "cuda":
@@ -398,13 +674,28 @@ def _failed(kind, precision, err, dev) -> Row:
     return Row(kind, precision, "error", f"{type(err).__name__}: {first}")
 
 
-def _matmul_row(n, precision, why_not, dev) -> MatmulRow:
+def _matmul_rows(sizes, precision, why_not, dev, limit: float = MAX_MATMUL_SECONDS) -> list[MatmulRow]:
+    """The matmul block for one precision, smallest size first; a size whose repeats would
+    take longer than ``limit`` seconds at the rate of the size before it is skipped, saying so."""
     if why_not is not None:
-        return MatmulRow(n, precision, None, why_not)
-    try:
-        return MatmulRow(n, precision, matmul_gflops(n, precision, dev))
-    except Exception as err:
-        return MatmulRow(n, precision, None, _failed("matmul", precision, err, dev).reason)
+        return [MatmulRow(n, precision, None, why_not) for n in sizes]
+    rows, rate = [], None
+    for n in sorted(sizes):
+        if rate and 7 * matmul_flops(n) / (rate * 1e9) > limit:
+            rows.append(MatmulRow(n, precision, None, f"skipped: about {matmul_flops(n) / (rate * 1e9):.1f} s "
+                                  f"per call at the {rate:.3g} GFLOP/s measured at a smaller size"))
+            continue
+        try:
+            rate = matmul_gflops(n, precision, dev)
+            rows.append(MatmulRow(n, precision, rate))
+        except Exception as err:
+            rows.append(MatmulRow(n, precision, None, _failed("matmul", precision, err, dev).reason))
+    return rows
+
+
+def selfcheck_table(device) -> str:
+    """The bench with its breakdown, short repeats (``make gpu-check`` prints it)."""
+    return run_bench(device=device, warmup=1, repeats=3, breakdown=True, profile_steps=3).table()
 
 
 # -- command line ------------------------------------------------------------------------
@@ -417,6 +708,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", choices=(*MODELS, "both"), default="both", help="which model (default both)")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help="comma-separated precisions (default: all; those this device cannot run are named)")
+    p.add_argument("--size", choices=SIZE_CHOICES, default="default",
+                   help="small: quick, small kernels dominate; large: matmuls are most of an fp32 step "
+                        "on this device type; default: the MLP large and the transformer small")
     p.add_argument("--width", type=int, help="MLP hidden width / transformer dim")
     p.add_argument("--depth", type=int, help="MLP hidden layers / transformer blocks")
     p.add_argument("--batch", type=int, help="batch size")
@@ -426,8 +720,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=7, help="timed steps per precision; the median is reported")
     p.add_argument("--matmul-sizes", default=None,
                    help="comma-separated n for the matmul block (default per device; 'none' skips it)")
+    p.add_argument("--max-step-seconds", type=float, default=MAX_STEP_SECONDS,
+                   help=f"skip a precision whose step would take longer, estimated from its matmul "
+                        f"rate (default {MAX_STEP_SECONDS:g})")
+    p.add_argument("--breakdown", action="store_true",
+                   help="profile one Trainer step per precision by op category, with the fraction of "
+                        "matmul peak, Amdahl's bound, and the changes that close part of the gap")
+    p.add_argument("--compile", action="store_true",
+                   help="with --breakdown: add a torch.compile row (compiling takes a minute or more; "
+                        "on a CPU it needs a C++ compiler)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice); fewer can be faster on a busy machine")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="with --breakdown: save the stacked-bar figure of the breakdown to FILE (.png, .svg)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=_run)
 
@@ -447,31 +752,53 @@ def _ints(text: str) -> tuple[int, ...]:
 def _run(args) -> int:
     result = result_from_args(args)
     print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
+    if getattr(args, "plot", None):
+        if not result.breakdowns:
+            raise ValueError("--plot draws the breakdown: add --breakdown")
+        from .plots import step_breakdown
+
+        for kind in dict.fromkeys(b.model for b in result.breakdowns):
+            path = args.plot if len(result.closing) <= 1 else _suffixed(args.plot, kind)
+            step_breakdown(result, kind).savefig(path, dpi=120, bbox_inches="tight")
     return 0
+
+
+def _suffixed(path: str, kind: str) -> str:
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}-{kind}.{ext}" if dot else f"{path}-{kind}"
 
 
 def result_from_args(args) -> BenchResult:
     """Run the bench as the parsed ``bench`` command line asks (used by benchmarks/ too)."""
     dev = pick_device(args.device)
     models = MODELS if args.model == "both" else (args.model,)
+    precisions = [p for p in args.precisions.split(",") if p.strip()]
+    if not precisions:
+        raise ValueError(f"--precisions needs at least one of {', '.join(PRECISIONS)} (comma-separated); "
+                         f"got {args.precisions!r}")
+    size = getattr(args, "size", "default")
     sizes = {}
     for kind in models:
-        base = default_sizes(kind, dev)
+        base = default_sizes(kind, dev, size)
         changes = {k: getattr(args, k) for k in ("width", "depth", "batch", "seq", "heads")
                    if getattr(args, k) is not None}
-        for k, v in changes.items():
-            if v <= 0:
-                raise ValueError(f"--{k} must be a positive integer; got {v}")
         sizes[kind] = Sizes(**{**asdict(base), **changes})
+        validate_sizes(kind, sizes[kind])
     if args.warmup < 0 or args.repeats < 1:
         raise ValueError("--warmup must be >= 0 and --repeats >= 1")
+    max_step = getattr(args, "max_step_seconds", MAX_STEP_SECONDS)
+    if not max_step > 0:
+        raise ValueError(f"--max-step-seconds must be positive; got {max_step}")
+    if getattr(args, "compile", False) and not getattr(args, "breakdown", False):
+        raise ValueError("--compile adds a row to the breakdown's closing table: add --breakdown")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be a positive integer; got {args.threads}")
         torch.set_num_threads(args.threads)
-    precisions = [p for p in args.precisions.split(",") if p.strip()]
     matmul_sizes = None if args.matmul_sizes is None else _ints(args.matmul_sizes)
-    return run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes)
+    return run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes, size=size,
+                     breakdown=getattr(args, "breakdown", False), compile=getattr(args, "compile", False),
+                     max_step_seconds=max_step)
 
 
 # -- verdicts: the card's claims against what was measured ---------------------------------
@@ -499,54 +826,96 @@ def memory_verdict(ratio: float, precision: str) -> str:
     return f"{precision} keeps {ratio:.2f} of fp32's activation bytes: no saving."
 
 
+def _hardware_reason(dev, name: str) -> str:
+    r = hardware_report(dev)
+    if dev.type == "cuda":
+        cc = r.cuda_capability
+        if cc < (7, 0):
+            return f"this GPU (compute capability {cc[0]}.{cc[1]}) has no tensor cores"
+        if name == "bf16" and not r.bf16_native:
+            return "this GPU only emulates bf16 (pre-Ampere): use fp16 + GradScaler here"
+        return f"this GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores for {name}"
+    if dev.type != "cpu":
+        return f"{dev.type}: the rates below were measured on it"
+    if name == "bf16":
+        if r.amx_bf16:
+            return "a CPU has no tensor cores; this one has AMX tile units for bf16 matmuls"
+        if r.avx512_bf16:
+            return ("a CPU has no tensor cores and this one has no AMX tile units; its AVX512-BF16 "
+                    "instructions run bf16 dot products on the ordinary vector units")
+        return ("a CPU has no tensor cores, and this one has neither AMX nor AVX512-BF16: bf16 math "
+                "is converted to float32 and back, in software")
+    if name == "fp16":
+        return ("a CPU has no tensor cores: fp16 matmuls are as fast as the kernel this torch build has "
+                "for this CPU, which the matmul block measures")
+    return "fp32 is the reference every ratio is taken against"
+
+
+def _matmul_reason(name, mine, fp32, ratio) -> str:
+    text = (f"the best {name} matmul rate here is {mine[0]:.0f} GFLOP/s (n={mine[1]}) against fp32's "
+            f"{fp32[0]:.0f} (n={fp32[1]}): {ratio:.2f}x")
+    if ratio < 0.2:
+        return text + f": this device has no fast {name} matmul kernel, so every {name} matmul is a slowdown"
+    if ratio < 0.9:
+        return text + f": {name} matmuls are slower than fp32's here"
+    if ratio <= 1.1:
+        return text + ": about fp32's speed, so 16-bit matmuls gain nothing here"
+    return text + ": the most any step can gain from 16-bit matmuls"
+
+
+def _share_reason(label, share, profiled, name, ratio) -> str:
+    if profiled:
+        text = f"{label}'s fp32 step spends {share:.0%} of its time in matmuls (profiled)"
+    else:
+        text = (f"{label}'s fp32 step did its matmul work at {share:.0%} of fp32's peak rate, so at peak "
+                f"speed its matmuls would be {share:.0%} of its time")
+    if ratio is not None and share > 0:
+        bound = bd.amdahl_bound(share, ratio)
+        if ratio >= 1:
+            text += (f"; with only the matmuls {ratio:.2f}x faster, Amdahl's law caps the step's gain at "
+                     f"{bound:.2f}x")
+        else:
+            text += f"; with the matmuls at {ratio:.2f}x fp32's speed, the step can only lose: {bound:.2f}x"
+        if share < 1:
+            text += f" (even infinitely fast matmuls: {1 / (1 - share):.2f}x)"
+    if share >= 0.6:
+        return text + ": matmul-bound, so the matmul speed shows in the step"
+    if share >= 0.3:
+        return text + ": the rest of the step (elementwise ops, casts, optimizer) weighs as much"
+    return text + (": elementwise ops, casts, the optimizer and bookkeeping dominate, and 16-bit does "
+                   "not speed those up")
+
+
 def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None = None) -> list[str]:
     """Why ``precision`` is as fast as measured on this device, read from the measurements.
 
-    Names the hardware (tensor cores, AMX), the matmul rate of the precision against
-    fp32's, and for each fp32 training step (the bench's rows, plus ``step_rates``: label
-    -> achieved GFLOP/s) whether it was big enough to be limited by matmul speed at all.
+    Names the hardware, the best matmul rate of ``precision`` against fp32's (the matmul
+    block's best size), and for each fp32 training step the share of its time that
+    matmuls take and the speedup Amdahl's law allows from it. The share is profiled where
+    ``result`` has a breakdown; otherwise it is the step's matmul rate over fp32's peak
+    (the bench's rows, and ``step_rates``: label -> achieved GFLOP/s of an fp32 step).
     """
     name = parse_precision(precision)
     dev = torch.device(result.device)
-    reasons = []
-    r = hardware_report(dev)
-    if dev.type == "cpu":
-        if r.amx_bf16:
-            reasons.append("a CPU has no tensor cores; this one has AMX tile units, which speed up bf16 matmuls")
-        elif r.avx512_bf16:
-            reasons.append("a CPU has no tensor cores and this one has no AMX tile units; its AVX512-BF16 "
-                           "instructions run bf16 dot products on the ordinary vector units")
-        else:
-            reasons.append("a CPU has no tensor cores, and this one has neither AMX nor AVX512-BF16: "
-                           "16-bit math is converted to float32 and back, in software")
-    elif dev.type == "cuda":
-        cc = r.cuda_capability
-        if cc < (7, 0):
-            reasons.append(f"this GPU (compute capability {cc[0]}.{cc[1]}) has no tensor cores")
-        elif name == "bf16" and not r.bf16_native:
-            reasons.append("this GPU only emulates bf16 (pre-Ampere): use fp16 + GradScaler here")
-        else:
-            reasons.append(f"this GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores for {name}")
-    mm = {(m.n, m.precision): m.gflops for m in result.matmul if m.gflops}
-    if mm:
-        n = max(k[0] for k in mm)
-        if (n, name) in mm and (n, "fp32") in mm:
-            ratio = mm[n, name] / mm[n, "fp32"]
-            reasons.append(f"an n={n} matmul ran at {mm[n, name]:.0f} GFLOP/s in {name} and "
-                           f"{mm[n, 'fp32']:.0f} in fp32 ({ratio:.2f}x)")
-        peak = max((v for (_, p), v in mm.items() if p == "fp32"), default=None)
-        rates = {f"the bench {row.model}": row.tflops * 1e3 for row in result.rows
-                 if row.precision == "fp32" and row.tflops}
-        rates.update(step_rates or {})
-        for label, rate in rates.items() if peak else ():
-            share = rate / peak
-            if share < 0.3:
-                reasons.append(f"{label}'s fp32 step reached only {share:.0%} of fp32's matmul rate: time "
-                               "goes to small kernels, elementwise ops, casts and the optimizer, which "
-                               "16-bit does not speed up (too small to be compute-bound)")
-            else:
-                reasons.append(f"{label}'s fp32 step reached {share:.0%} of fp32's matmul rate: big enough "
-                               "for the matmul speed to show")
+    reasons = [_hardware_reason(dev, name)]
+    mine, fp32 = result.peak(name), result.peak("fp32")
+    ratio = None
+    if mine and fp32 and name != "fp32":
+        ratio = mine[0] / fp32[0]
+        reasons.append(_matmul_reason(name, mine, fp32, ratio))
+    if not fp32:
+        return reasons
+    shares = {}
+    for b in result.breakdowns:
+        if b.precision == "fp32" and b.total_ms:
+            shares[f"the bench {b.model}"] = (b.matmul_share, True)
+    for row in result.rows:
+        label = f"the bench {row.model}"
+        if row.precision == "fp32" and row.tflops and label not in shares:
+            shares[label] = (min(1.0, row.tflops * 1e3 / fp32[0]), False)
+    for label, rate in (step_rates or {}).items():
+        shares[label] = (min(1.0, rate / fp32[0]), False)
+    reasons += [_share_reason(label, share, profiled, name, ratio) for label, (share, profiled) in shares.items()]
     return reasons
 
 

@@ -9,12 +9,16 @@
 - :func:`step_flops` counts the matmul work of one training step, for achieved FLOP/s.
 - :func:`time_step` times a step right: warm-up calls, ``torch.cuda.synchronize()`` on
   CUDA, the median of several runs; :func:`time_interleaved` times several side by side.
+- :func:`training_memory` and :func:`doubled_batch`: everything a training step holds
+  (weights, gradients, optimizer state, 16-bit weight copies, activations), and what a
+  batch twice as large costs in each precision.
 
 Used in 05_putting_it_together and by ``python -m amp_lessons bench``.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import time
@@ -353,3 +357,155 @@ def available_memory(device) -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# -- what a batch costs: the memory of a whole training step, by kind ------------------------
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes a training step holds through its backward pass, by kind, for one precision and batch.
+
+    Only ``activations`` grow with the batch, and only they (and ``weight_copies``) depend
+    on the precision: the float32 weights, their gradients and the optimizer state stay
+    as they are under autocast. Short-lived temporaries (activation gradients, kernel
+    workspaces) are not in the sum; ``cuda_peak`` (CUDA only) is the allocator's peak of
+    one real step, which includes them.
+    """
+
+    precision: str
+    batch: int
+    weights: int
+    gradients: int
+    optimizer_state: int
+    weight_copies: int
+    activations: int
+    cuda_peak: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer_state + self.weight_copies + self.activations
+
+
+def optimizer_state_bytes(model: nn.Module, optimizer=torch.optim.AdamW) -> int:
+    """Bytes of the state ``optimizer`` keeps for ``model`` (AdamW: two moments per weight),
+    counted after one step on a copy: the model itself is not touched."""
+    twin = copy.deepcopy(model)
+    params = [p for p in twin.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = optimizer(params)
+    opt.step()
+    return sum(t.numel() * t.element_size() for state in opt.state.values() for t in state.values()
+               if isinstance(t, torch.Tensor))
+
+
+def training_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision="fp32",
+                    optimizer=torch.optim.AdamW, loss_fn=nn.functional.cross_entropy,
+                    optimizer_bytes: int | None = None) -> TrainingMemory:
+    """What one training step of ``model`` on the batch ``(x, y)`` in ``precision`` holds, by kind.
+
+    Activations and weight copies come from :func:`saved_memory` (exact on every device);
+    weights and gradients from the parameters; the optimizer state from one step of
+    ``optimizer`` on a copy. On CUDA, ``cuda_peak`` adds the allocator's peak of one
+    real step on a copy (weights included). Used in 05_putting_it_together.
+    """
+    name = parse_precision(precision)
+    saved = saved_memory(model, x, y, name, loss_fn)
+    params = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    state = optimizer_state_bytes(model, optimizer) if optimizer_bytes is None else optimizer_bytes
+    peak = None
+    if x.device.type == "cuda":
+        twin = copy.deepcopy(model)
+        opt = optimizer([p for p in twin.parameters() if p.requires_grad])
+
+        def step():
+            with torch.autocast("cuda", dtype=dtype_of(name), enabled=uses_autocast(name)), \
+                    float32_matmul_precision(name):
+                loss = loss_fn(twin(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        measured = cuda_peak_memory(step, x.device)
+        peak = measured.peak_bytes - measured.before_bytes + weights
+        del twin, opt
+    return TrainingMemory(name, len(x), weights, grads, state, saved.weight_copy_bytes,
+                          saved.activation_bytes, peak)
+
+
+@dataclass
+class BatchCost:
+    """:func:`doubled_batch`'s measurements: per precision, the step at ``batch`` and at twice it."""
+
+    batch: int
+    rows: dict[str, tuple[TrainingMemory, TrainingMemory]]
+    device: str = "cpu"
+
+    def largest_batch(self, precision: str, budget: int) -> int:
+        """The largest batch whose step holds at most ``budget`` bytes in ``precision``.
+
+        Only the activations grow with the batch, by the same bytes per example, so the
+        two measured batches give the line; the answer is exact, not a float estimate.
+        """
+        one, two = self.rows[parse_precision(precision)]
+        per_batch = two.total - one.total  # bytes that ``batch`` more examples add
+        if per_batch <= 0:
+            raise ValueError("the activations did not grow with the batch: no batch size can be derived")
+        return max(0, self.batch + (budget - one.total) * self.batch // per_batch)
+
+    def batch_in_fp32_memory(self, precision: str) -> int:
+        """The largest batch ``precision`` fits in the bytes fp32 holds at :attr:`batch`."""
+        return self.largest_batch(precision, self.rows["fp32"][0].total)
+
+    def table(self) -> str:
+        """Bytes by kind at the batch and at twice it, in MB (exact counts, not timings)."""
+        head = (f"{'precision':<10}{'weights':>9}{'grads':>8}{'optimizer':>10}{'16-bit':>8}"
+                f"{'activations':>12}{'total':>9}{'x2 batch':>10}{'added':>8}")
+        lines = [f"MB held through one training step, batch {self.batch} and {2 * self.batch}", head]
+        for p, (one, two) in self.rows.items():
+            lines.append(f"{p:<10}{one.weights / MB:>9.2f}{one.gradients / MB:>8.2f}"
+                         f"{one.optimizer_state / MB:>10.2f}{one.weight_copies / MB:>8.2f}"
+                         f"{one.activations / MB:>12.2f}{one.total / MB:>9.2f}{two.total / MB:>10.2f}"
+                         f"{(two.total - one.total) / MB:>8.2f}")
+        return "\n".join(lines)
+
+    def fits_lines(self) -> list[str]:
+        """For each 16-bit precision: the largest batch it fits in fp32's memory at :attr:`batch`."""
+        budget = self.rows["fp32"][0].total
+        out = []
+        for p in self.rows:
+            if p == "fp32":
+                continue
+            n = self.batch_in_fp32_memory(p)
+            out.append(f"in the {budget / MB:.2f} MB fp32 holds at batch {self.batch}, {p} fits batch "
+                       f"{n}, {n / self.batch:.2f}x as large, not 2x")
+        return out
+
+    def peak_line(self) -> str:
+        """The allocator's peak of one step per precision on CUDA; on other devices, why not."""
+        peaks = {p: one.cuda_peak for p, (one, _) in self.rows.items() if one.cuda_peak is not None}
+        if not peaks:
+            return (f"peak memory of a whole step: GPU only (on {self.device}, torch keeps no peak "
+                    "counter); the bytes above are what the step holds, counted exactly on any device")
+        return "CUDA peak of one step, weights included: " + ", ".join(
+            f"{p} {v / MB:.1f} MB" for p, v in peaks.items())
+
+
+def doubled_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precisions=("fp32", "bf16", "fp16"),
+                  optimizer=torch.optim.AdamW, loss_fn=nn.functional.cross_entropy) -> BatchCost:
+    """What the batch ``(x, y)`` and a batch twice as large cost in each precision, by kind.
+
+    The card says activations take half the memory in 16 bits. A batch twice as large
+    does not fit where fp32's did, because the weights, gradients and optimizer state
+    stay float32 and autocast adds 16-bit weight copies: :meth:`BatchCost.fits_lines`
+    says how large a batch does fit. Used in 05_putting_it_together.
+    """
+    names = list(dict.fromkeys(["fp32", *(parse_precision(p) for p in precisions)]))
+    state = optimizer_state_bytes(model, optimizer)
+    x2, y2 = torch.cat([x, x]), torch.cat([y, y])
+    rows = {p: (training_memory(model, x, y, p, optimizer, loss_fn, state),
+                training_memory(model, x2, y2, p, optimizer, loss_fn, state)) for p in names}
+    return BatchCost(len(x), rows, str(x.device))
