@@ -419,3 +419,49 @@ def fp8_training(runs: dict, scales: dict):
     fig.tight_layout()
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
+
+
+# --- 05: where a step's time goes (bench --breakdown) ---------------------------------
+
+_CATEGORY_COLORS = {
+    "forward matmuls": "#4c78a8", "backward matmuls": "#9ecae9", "forward rest": "#f58518",
+    "backward rest": "#ffbf79", "autocast casts": "#e45756", "optimizer": "#54a24b",
+    "bookkeeping": "#b279a2", "data": "#bab0ac", "GPU idle": "#eeeeee",
+}
+
+
+def step_breakdown(result, model: str = "mlp"):
+    """05: one Trainer step per precision as a stacked bar of its categories (ms), from
+    :func:`amp_lessons.bench.run_bench` with ``breakdown=True``.
+
+    The title states the matmul share of the fp32 step and, for the first 16-bit
+    precision, Amdahl's bound against the measured speedup.
+    """
+    bds = [b for b in result.breakdowns if b.model == model]
+    if not bds:
+        raise ValueError(f"no breakdown for {model!r}: run the bench with breakdown=True (--breakdown)")
+    names = [c for c in bds[0].ms if any(b.ms[c] for b in bds)]
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * len(bds)))
+    for i, b in enumerate(reversed(bds)):
+        left = 0.0
+        for c in names:
+            ax.barh(i, b.ms[c], left=left, height=0.6, color=_CATEGORY_COLORS.get(c, "grey"),
+                    label=c if i == 0 else None)
+            left += b.ms[c]
+        ax.text(left, i, f"  {left:.0f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(bds)), [b.precision for b in reversed(bds)])
+    ax.set_xlabel("ms per Trainer step (profiled; medians per category)")
+    ax.legend(ncol=4, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.28))
+    fp32 = next((b for b in bds if b.precision == "fp32"), None)
+    title = model
+    if fp32 is not None:
+        title += f": matmuls are {fp32.matmul_share:.0%} of the fp32 step"
+        other = next((result.amdahl(model, b.precision) for b in bds if b.precision != "fp32"), None)
+        if other is not None and other.measured is not None:
+            title += (f"; {other.precision} ran {other.measured:.2f}x fp32's speed, Amdahl allows "
+                      f"{other.bound:.2f}x")
+    ax.set_title(title, fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    return fig
