@@ -1,4 +1,5 @@
-"""The op-dtype tracer of lesson 02, against what the tensors themselves say on this CPU."""
+"""The op-dtype tracer of lesson 02: against what the tensors themselves say on this CPU, its
+CUDA replay against PyTorch's autocast docs, and the self-check's real-vs-simulated branch."""
 
 from functools import partial
 
@@ -12,9 +13,18 @@ from amp_lessons.exercises import check_dtype_predictions, dtype_exercise
 from amp_lessons.hardware import DeviceUnavailableError, available_devices
 from amp_lessons.models import TransformerBlock, card_model
 from amp_lessons.trace import (
+    ALREADY,
+    BY_AUTOCAST,
     EXAMPLES,
+    PROBES,
+    SimulationUnsupported,
+    compare_simulated,
     differences,
     example,
+    lesson_dtype,
+    probe,
+    probe_table,
+    selfcheck,
     short,
     trace_example,
     trace_fn,
@@ -222,23 +232,54 @@ def test_absent_device_is_refused_naming_the_present_ones():
         trace_model(card_model(), _float32(2, 512), torch.tensor([0, 1]), device=absent)
 
 
-def test_table_is_stable_text_and_marks_float32_ops():
+def test_table_is_stable_text_and_marks_why_an_op_is_float32():
     a = trace_example("card_model", torch.bfloat16, "cpu")
     b = trace_example("card_model", torch.bfloat16, "cpu")
     assert a.table() == b.table() and a.summary() == b.summary() and a.html() == b.html()
     lines = a.table().splitlines()
     assert lines[0].split() == ["#", "module", "op", "inputs", "output", "shape", "cast"]
-    marked = [ln.split()[2] for ln in lines[1:] if ln.endswith("<- fp32")]
-    assert marked == [r.op for r in a.rows() if r.fp32] == ["_log_softmax", "nll_loss_forward"]
-    casts = [ln for ln in lines[1:] if " yes" in ln]
-    assert len(casts) == len(a.casts) and all("_to_copy" in ln for ln in casts)
+    marks = {ln.split()[2]: ln.split("  ")[-1].strip() for ln in lines[1:] if "<- " in ln}
+    # CPU: cross_entropy is on the float32 list: autocast casts the logits up, _log_softmax
+    # runs on that copy; nll_loss_forward merely gets float32 from it
+    assert marks == {"_log_softmax": BY_AUTOCAST, "nll_loss_forward": ALREADY}
+    assert [r.op for r in a.rows() if r.to_fp32] == ["_log_softmax"]
+    assert [r.op for r in a.rows() if r.already_fp32] == ["nll_loss_forward"]
+    casts = [ln for ln in lines[1:] if " autocast" in ln and "_to_copy" in ln]
+    assert len(casts) == len(a.casts) == 6 and all(r.autocast_cast for r in a.casts)
     assert "  t  " not in a.table() and any(r.op == "t" for r in a.rows(layout=True))
-    assert a.html().count("background:#ffd8a8") == 2
+    assert a.html().count("background:#ffd8a8") == 1 and a.html().count("background:#f3ead8") == 1
     assert [ln.split() for ln in a.summary().splitlines()[1:]] == [
-        ["0", "Linear", "3", "addmm", "-"], ["1", "ReLU", "0", "relu", "-"],
-        ["2", "Linear", "2", "addmm", "-"], ["(loss)", "-", "1", "-", "_log_softmax", "nll_loss_forward"],
+        ["0", "Linear", "3", "addmm", "-", "-"], ["1", "ReLU", "0", "relu", "-", "-"],
+        ["2", "Linear", "2", "addmm", "-", "-"],
+        ["(loss)", "-", "1", "-", "_log_softmax", "nll_loss_forward"],
     ]
     assert repr(a).startswith("<Trace: Sequential on cpu, autocast torch.bfloat16: 5 computing")
+    assert "1 autocast put in float32, 1 were float32 already, 6 casts" in a.headline()
+
+
+def test_rules_and_marks_separate_autocast_from_float32_already():
+    tr = trace_example("TransformerBlock", torch.bfloat16, "cpu")
+    rules = {r.op: r.rule for r in tr.compute}
+    # rule 1: autocast cast the float32 inputs; rule 3: it left the op alone
+    assert rules["addmm"] == 1 and rules["relu" if "relu" in rules else "gelu"] == 3
+    assert rules["_softmax"] == 3 and rules["native_layer_norm"] == 3  # CPU: on no list
+    # the residual add (float32 + 16-bit) and layer_norm on float32: float32, not autocast's doing
+    assert all(r.already_fp32 and not r.to_fp32 for r in tr.ops("add") + tr.ops("native_layer_norm"))
+    assert {r.op for r in tr.compute if r.to_fp32} == set()
+    assert all(r.rule is None for r in tr.casts)
+
+
+def test_a_cast_the_code_writes_is_explicit_not_autocast():
+    h = torch.randn(4, 8).to(torch.bfloat16)
+    tr = trace_fn(lambda: torch.exp(h.float()), device="cpu", dtype=torch.bfloat16)
+    (cast,) = tr.casts
+    assert not cast.by_autocast and not cast.autocast_cast
+    assert tr.table().splitlines()[1].split()[-1] == "explicit"
+    assert tr.ops("exp")[0].already_fp32  # exp got the code's own float32 copy
+    asked = trace_fn(partial(torch.softmax, h, -1, dtype=torch.float32), device="cpu", dtype=torch.bfloat16)
+    assert asked.result.dtype == torch.float32 and not asked.ops("_softmax")[0].to_fp32
+    off = trace_fn(lambda: torch.relu(h).float(), device="cpu", enabled=False)
+    assert off.casts and not any(r.by_autocast for r in off.records)
 
 
 def test_example_leaves_the_global_rng_alone():
@@ -250,34 +291,453 @@ def test_example_leaves_the_global_rng_alone():
     assert torch.equal(x1, x2) and torch.equal(m1[0].weight, m2[0].weight)
 
 
+# --- simulated devices -----------------------------------------------------------------
+
+
+def _autocast_state(device_type):
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type), nesting
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+@pytest.mark.parametrize("case", [*EXAMPLES, "exercise"])
+def test_simulating_the_cpu_reproduces_the_real_cpu_trace(case, dtype):
+    """The replay machinery, checked where it can be: CPU autocast, real against simulated."""
+    if case == "exercise":
+        model, x, y, loss_fn = dtype_exercise("cpu")
+    else:
+        model, x, y, loss_fn = example(case, "cpu")
+    real = trace_model(model, x, y, loss_fn, dtype=dtype)
+    sim = trace_model(model, x, y, loss_fn, dtype=dtype, device="cpu", simulate=True)
+    assert sim.simulated and sim.where == "cpu (simulated)" and "(simulated)" in sim.headline()
+    assert differences(real, sim, layout=False) == []
+    assert [r.mark for r in real.rows()] == [r.mark for r in sim.rows()]
+    assert [r.module for r in real.rows()] == [r.module for r in sim.rows()]
+    assert sim.result.dtype == real.result.dtype and sim.loss.dtype == real.loss.dtype
+    assert sim.result.shape == real.result.shape
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+def test_simulating_the_cpu_reproduces_every_probe(dtype):
+    for name in PROBES:
+        real, sim = probe(name, dtype, "cpu"), probe(name, dtype, "cpu", simulate=True)
+        assert differences(real, sim, layout=False) == [], name
+
+
+def test_simulation_leaves_the_model_and_autocast_as_they_were():
+    model, x, y, loss_fn = example("TransformerBlock", "cpu")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+    state = _autocast_state("cuda"), _autocast_state("cpu")
+    tr = trace_model(model, x, y, loss_fn, dtype=torch.float16, device="cuda", simulate=True)
+    assert tr.device == "cuda" and tr.result.device.type == "cuda" and x.device.type == "cpu"
+    assert list(model.parameters()) == params and all(p.grad is None for p in params)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert (_autocast_state("cuda"), _autocast_state("cpu")) == state
+    _assert_clean(model)
+    with pytest.raises(ZeroDivisionError):
+        trace_fn(lambda: 1 / 0, device="cuda", dtype=torch.bfloat16, simulate=True)
+    assert (_autocast_state("cuda"), _autocast_state("cpu")) == state
+    assert _get_current_dispatch_mode() is None
+
+
+def test_simulation_refuses_what_it_cannot_replay():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="pass them as arguments"):
+        trace_fn(lambda: torch.relu(x), device="cuda", simulate=True)
+    with pytest.raises(ValueError, match="needs the device type to replay"):
+        trace_fn(torch.relu, x, simulate=True)
+    with pytest.raises(ValueError, match="replays cuda, mps, cpu autocast"):
+        trace_fn(torch.relu, x, device="xla", simulate=True)
+    with pytest.raises(ValueError, match="forward \\+ loss only"):
+        trace_model(card_model(), torch.randn(2, 512), torch.tensor([0, 1]), device="cuda",
+                    simulate=True, backward="outside")
+    with pytest.raises(ValueError, match="bfloat16 and torch.float16"):
+        trace_fn(torch.relu, x, device="cuda", dtype=torch.float32, simulate=True)
+    if "cuda" not in available_devices():
+        with pytest.raises(DeviceUnavailableError, match="replay its lists here with simulate=True"):
+            trace_fn(torch.relu, x, device="cuda")
+
+
+def test_a_call_that_needs_the_real_device_says_so():
+    """GRUCell's fused path asks the CUDA runtime itself: no replay on a machine without it."""
+    try:
+        tr = trace_fn(nn.GRUCell(8, 6), torch.randn(4, 8), device="cuda", dtype=torch.float16,
+                      simulate=True)
+    except SimulationUnsupported as err:
+        assert "Trace it on a real cuda device" in str(err)
+    else:  # a torch that can replay it must get the docs' answer
+        assert tr.result.dtype == torch.float16
+
+
+def test_the_model_device_mismatch_points_at_simulate():
+    with pytest.raises(ValueError, match="pass simulate=True"):
+        trace_model(card_model().to("meta"), torch.randn(2, 512), torch.tensor([0, 1]), device="cpu")
+
+
+# --- the simulated traces against PyTorch's autocast docs (CUDA op lists) -------------------
+# https://pytorch.org/docs/stable/amp.html, "CUDA Op-Specific Behavior" (docs/source/amp.md):
+# each list's ops, called as the docs name them, on inputs the list is about.
+
+
+def _long(*shape, high=2):
+    return lambda dev: torch.randint(0, high, shape, device=dev)
+
+
+_CUDA_FP16_LIST = {  # "CUDA Ops that can autocast to float16": float32 inputs -> 16-bit
+    "__matmul__": (lambda a, b: a @ b, [(4, 8), (8, 3)]),
+    "addbmm": (torch.addbmm, [(4, 3), (2, 4, 8), (2, 8, 3)]),
+    "addmm": (torch.addmm, [(4, 3), (4, 8), (8, 3)]),
+    "addmv": (torch.addmv, [(4,), (4, 8), (8,)]),
+    "addr": (torch.addr, [(4, 8), (4,), (8,)]),
+    "baddbmm": (torch.baddbmm, [(2, 4, 3), (2, 4, 8), (2, 8, 3)]),
+    "bmm": (torch.bmm, [(2, 4, 8), (2, 8, 3)]),
+    "multi_dot": (lambda a, b, c: torch.linalg.multi_dot([a, b, c]), [(4, 8), (8, 3), (3, 5)]),
+    "conv1d": (F.conv1d, [(2, 3, 8), (4, 3, 3)]),
+    "conv2d": (F.conv2d, [(2, 3, 8, 8), (4, 3, 3, 3)]),
+    "conv3d": (F.conv3d, [(2, 3, 6, 6, 6), (4, 3, 3, 3, 3)]),
+    "conv_transpose1d": (F.conv_transpose1d, [(2, 3, 8), (3, 4, 3)]),
+    "conv_transpose2d": (F.conv_transpose2d, [(2, 3, 8, 8), (3, 4, 3, 3)]),
+    "conv_transpose3d": (F.conv_transpose3d, [(2, 3, 6, 6, 6), (3, 4, 3, 3, 3)]),
+    "GRUCell": (lambda: nn.GRUCell(8, 6), [(4, 8)]),
+    "linear": (F.linear, [(4, 8), (3, 8)]),
+    "LSTMCell": (lambda: nn.LSTMCell(8, 6), [(4, 8)]),
+    "matmul": (torch.matmul, [(4, 8), (8, 3)]),
+    "mm": (torch.mm, [(4, 8), (8, 3)]),
+    "mv": (torch.mv, [(4, 8), (8,)]),
+    "prelu": (F.prelu, [(4, 8), (8,)]),
+    "RNNCell": (lambda: nn.RNNCell(8, 6), [(4, 8)]),
+}
+
+_CUDA_FP32_LIST = {  # "CUDA Ops that can autocast to float32": 16-bit inputs -> float32
+    "__pow__": (lambda x: x ** 2, [(4, 8)]),
+    "__rdiv__": (lambda x: 1 / x, [(4, 8)]),
+    "__rpow__": (lambda x: 2 ** x, [(4, 8)]),
+    "__rtruediv__": (lambda x: 2.0 / x, [(4, 8)]),
+    "acos": (torch.acos, [(4, 8)]),
+    "asin": (torch.asin, [(4, 8)]),
+    "binary_cross_entropy_with_logits": (F.binary_cross_entropy_with_logits, [(4, 8), (4, 8)]),
+    "cosh": (torch.cosh, [(4, 8)]),
+    "cosine_embedding_loss": (lambda a, b: F.cosine_embedding_loss(a, b, torch.ones(4, device=a.device)),
+                              [(4, 8), (4, 8)]),
+    "cdist": (torch.cdist, [(4, 8), (5, 8)]),
+    "cosine_similarity": (F.cosine_similarity, [(4, 8), (4, 8)]),
+    "cross_entropy": (lambda x: F.cross_entropy(x, torch.zeros(4, dtype=torch.long, device=x.device)),
+                      [(4, 8)]),
+    "cumprod": (lambda x: torch.cumprod(x, 1), [(4, 8)]),
+    "cumsum": (lambda x: torch.cumsum(x, 1), [(4, 8)]),
+    "dist": (torch.dist, [(4, 8), (4, 8)]),
+    "erfinv": (torch.erfinv, [(4, 8)]),
+    "exp": (torch.exp, [(4, 8)]),
+    "expm1": (torch.expm1, [(4, 8)]),
+    "group_norm": (lambda x: F.group_norm(x, 2), [(4, 8)]),
+    "hinge_embedding_loss": (lambda x: F.hinge_embedding_loss(x, torch.ones(4, 8, device=x.device)),
+                             [(4, 8)]),
+    "kl_div": (lambda a, b: F.kl_div(a, b, reduction="batchmean"), [(4, 8), (4, 8)]),
+    "l1_loss": (F.l1_loss, [(4, 8), (4, 8)]),
+    "layer_norm": (lambda x: F.layer_norm(x, (8,)), [(4, 8)]),
+    "log": (torch.log, [(4, 8)]),
+    "log_softmax": (lambda x: F.log_softmax(x, -1), [(4, 8)]),
+    "log10": (torch.log10, [(4, 8)]),
+    "log1p": (torch.log1p, [(4, 8)]),
+    "log2": (torch.log2, [(4, 8)]),
+    "margin_ranking_loss": (lambda a, b: F.margin_ranking_loss(a, b, torch.ones(4, device=a.device)),
+                            [(4,), (4,)]),
+    "mse_loss": (F.mse_loss, [(4, 8), (4, 8)]),
+    "multilabel_margin_loss": (lambda x: F.multilabel_margin_loss(
+        x, torch.zeros(4, 8, dtype=torch.long, device=x.device)), [(4, 8)]),
+    "multi_margin_loss": (lambda x: F.multi_margin_loss(x, torch.zeros(4, dtype=torch.long, device=x.device)),
+                          [(4, 8)]),
+    "nll_loss": (lambda x: F.nll_loss(x, torch.zeros(4, dtype=torch.long, device=x.device)), [(4, 8)]),
+    "norm": (torch.norm, [(4, 8)]),
+    "normalize": (F.normalize, [(4, 8)]),
+    "pdist": (F.pdist, [(4, 8)]),
+    "poisson_nll_loss": (F.poisson_nll_loss, [(4, 8), (4, 8)]),
+    "pow": (lambda x: torch.pow(x, 2), [(4, 8)]),
+    "prod": (torch.prod, [(4, 8)]),
+    "reciprocal": (torch.reciprocal, [(4, 8)]),
+    "rsqrt": (torch.rsqrt, [(4, 8)]),
+    "sinh": (torch.sinh, [(4, 8)]),
+    "smooth_l1_loss": (F.smooth_l1_loss, [(4, 8), (4, 8)]),
+    "soft_margin_loss": (F.soft_margin_loss, [(4, 8), (4, 8)]),
+    "softmax": (lambda x: F.softmax(x, -1), [(4, 8)]),
+    "softmin": (lambda x: F.softmin(x, -1), [(4, 8)]),
+    "softplus": (F.softplus, [(4, 8)]),
+    "sum": (torch.sum, [(4, 8)]),
+    "renorm": (lambda x: torch.renorm(x, 2, 0, 1.0), [(4, 8)]),
+    "tan": (torch.tan, [(4, 8)]),
+    "triplet_margin_loss": (F.triplet_margin_loss, [(4, 8), (4, 8), (4, 8)]),
+}
+
+_CUDA_PROMOTE_LIST = {  # "CUDA Ops that promote to the widest input type"
+    "addcdiv": (torch.addcdiv, [(4, 8)] * 3),
+    "addcmul": (torch.addcmul, [(4, 8)] * 3),
+    "atan2": (torch.atan2, [(4, 8)] * 2),
+    "bilinear": (F.bilinear, [(4, 8), (4, 5), (3, 8, 5)]),
+    "cross": (lambda a, b: torch.cross(a, b, dim=1), [(4, 3)] * 2),
+    "dot": (torch.dot, [(8,)] * 2),
+    "grid_sample": (lambda a, g: F.grid_sample(a, g, align_corners=False), [(1, 2, 4, 4), (1, 3, 3, 2)]),
+    "index_put": (lambda a, v: a.index_put((torch.tensor([0, 1], device=a.device),), v), [(4, 8), (2, 8)]),
+    "scatter_add": (lambda a, s: a.scatter_add(0, torch.zeros(2, 8, dtype=torch.long, device=a.device), s),
+                    [(4, 8), (2, 8)]),
+    "tensordot": (lambda a, b: torch.tensordot(a, b, dims=1), [(4, 8), (8, 3)]),
+}
+
+# Calls that ask the CUDA runtime itself: a build without CUDA (or without a driver) cannot
+# replay them; the tracer must say so (SimulationUnsupported), never answer wrongly.
+_NEEDS_THE_RUNTIME = {"GRUCell", "grid_sample"}
+
+
+def _simulate_docs_call(name, fn, shapes, dtype, input_dtype):
+    fn = fn() if name[0].isupper() else fn  # the RNN cells: a fresh module
+    args = [torch.randn(*s).to(input_dtype) for s in shapes]
+    try:
+        return trace_fn(fn, *args, device="cuda", dtype=dtype, simulate=True)
+    except SimulationUnsupported:
+        if name not in _NEEDS_THE_RUNTIME:
+            raise
+        return None
+
+
+def _first(result):
+    return result if isinstance(result, torch.Tensor) else result[0]
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+@pytest.mark.parametrize("name", list(_CUDA_FP16_LIST))
+def test_simulated_cuda_matches_the_docs_lower_precision_list(name, dtype):
+    fn, shapes = _CUDA_FP16_LIST[name]
+    tr = _simulate_docs_call(name, fn, shapes, dtype, torch.float32)
+    if tr is not None:
+        assert _first(tr.result).dtype == dtype, tr.oneline()
+        assert tr.casts and all(r.autocast_cast and r.dtype == dtype for r in tr.casts)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+@pytest.mark.parametrize("name", list(_CUDA_FP32_LIST))
+def test_simulated_cuda_matches_the_docs_float32_list(name, dtype):
+    fn, shapes = _CUDA_FP32_LIST[name]
+    tr = _simulate_docs_call(name, fn, shapes, dtype, dtype)
+    assert _first(tr.result).dtype == torch.float32, tr.oneline()
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+@pytest.mark.parametrize("name", list(_CUDA_PROMOTE_LIST))
+def test_simulated_cuda_matches_the_docs_promote_list(name, dtype):
+    fn, shapes = _CUDA_PROMOTE_LIST[name]
+    all_low = _simulate_docs_call(name, fn, shapes, dtype, dtype)
+    if all_low is None:
+        return
+    assert _first(all_low.result).dtype == dtype, all_low.oneline()
+    args = [torch.randn(*s).to(dtype) for s in shapes]
+    args[-1] = args[-1].float()  # one float32 input: everything runs float32
+    mixed = trace_fn(fn, *args, device="cuda", dtype=dtype, simulate=True)
+    assert _first(mixed.result).dtype == torch.float32, mixed.oneline()
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+def test_simulated_cuda_follows_the_docs_eligibility_rules(dtype):
+    """"Op Eligibility": float64, in-place, out= and explicit dtype= calls are not autocast;
+    unlisted ops run in their inputs' type."""
+    for name, want in (("mm(a64, b64)", torch.float64), ("c.addmm_(a, b)", torch.float32),
+                       ("mm(a, b, out=c)", torch.float32), ("x.exp_()", dtype),
+                       ("softmax(x, dtype=x.dtype)", dtype), ("relu(x)", dtype), ("mean(x)", dtype)):
+        tr = probe(name, dtype, "cuda", simulate=True)
+        assert tr.result.dtype == want and tr.casts == [], (name, tr.oneline())
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+def test_simulated_cuda_cross_entropy_keeps_its_log_softmax_16_bit(dtype):
+    """CUDA has no cross_entropy entry: log_softmax(x, 1, dtype=x.dtype), then nll_loss (fp32)."""
+    tr = probe("cross_entropy(x, y)", dtype, "cuda", simulate=True)
+    assert [(r.op, r.dtype) for r in tr.rows()] == [
+        ("_log_softmax", dtype), ("_to_copy", torch.float32), ("nll_loss_forward", torch.float32)]
+    assert [r.mark for r in tr.rows()] == ["", "", BY_AUTOCAST]
+    cpu = probe("cross_entropy(x, y)", dtype, "cpu")
+    assert [(r.op, r.dtype) for r in cpu.rows()] == [
+        ("_to_copy", torch.float32), ("_log_softmax", torch.float32), ("nll_loss_forward", torch.float32)]
+
+
+def test_simulated_cuda_softmax_casts_only_for_bfloat16():
+    """float16: softmax reads fp16 and writes fp32 in one kernel (no _to_copy); bfloat16: a cast."""
+    f16 = probe("softmax(x)", torch.float16, "cuda", simulate=True)
+    b16 = probe("softmax(x)", torch.bfloat16, "cuda", simulate=True)
+    assert [(r.op, r.dtype) for r in f16.rows()] == [("_softmax", torch.float32)]
+    assert [(r.op, r.dtype) for r in b16.rows()] == [("_to_copy", torch.float32), ("_softmax", torch.float32)]
+    assert f16.rows()[0].to_fp32 and b16.rows()[1].to_fp32  # autocast's doing, either way
+    for dtype in LOW:
+        ln = probe("layer_norm(x)", dtype, "cuda", simulate=True)
+        assert [r.op for r in ln.rows()] == ["_to_copy", "native_layer_norm"]
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+def test_simulated_cuda_transformer_block_runs_its_softmax_in_float32(dtype):
+    cpu = trace_example("TransformerBlock", dtype, "cpu")
+    cuda = trace_example("TransformerBlock", dtype, "cuda", simulate=True)
+    assert cpu.dtype_of("_softmax") == dtype and cuda.dtype_of("_softmax") == torch.float32
+    assert all(r.to_fp32 for r in cuda.ops("_softmax"))
+    # float32 inputs to layer_norm on both: on CUDA autocast keeps it float32, it was already
+    assert all(r.already_fp32 for r in cuda.ops("native_layer_norm"))
+    assert cuda.dtype_of("addmm") == cuda.dtype_of("gelu") == dtype
+
+
+def test_simulated_mps_replays_the_mps_lists():
+    """MPS (autocast_mode.cpp, AutocastMPS): softmax, layer_norm and sum on its float32 list, cast first."""
+    for name in ("softmax(x)", "layer_norm(x)", "sum(x)"):
+        tr = probe(name, torch.float16, "mps", simulate=True)
+        assert tr.where == "mps (simulated)" and tr.result.dtype == torch.float32
+        assert tr.rows()[0].op == "_to_copy" and tr.rows()[0].autocast_cast
+    assert probe("mean(x)", torch.float16, "mps", simulate=True).result.dtype == torch.float16
+    assert probe("mm(a, b)", torch.bfloat16, "mps", simulate=True).result.dtype == torch.bfloat16
+
+
+def test_probe_table_shows_each_device_side_by_side():
+    text = probe_table(["softmax(x)", "sum(x)"], torch.bfloat16, ["cpu", "cuda (simulated)"])
+    head, softmax, total = text.splitlines()
+    assert head.split("  ")[0] == "call" and "cpu" in head and head.endswith("cuda (simulated)")
+    assert softmax.split() == ["softmax(x)", "_softmax->bf16", "_to_copy->fp32", "_softmax->fp32"]
+    assert total.split() == ["sum(x)", "sum->bf16", "sum->fp32"]
+    default = probe_table(["relu(x)"], torch.float16)
+    here = available_devices()[0]
+    assert default.splitlines()[0].split() == ["call", here, "cuda", "(simulated)"]
+    with pytest.raises(ValueError, match="probe must be one of"):
+        probe("softmax", torch.float16, "cpu")
+
+
+# --- the self-check: simulated against real, and lesson 02's CUDA statements -----------------
+
+
+def test_compare_simulated_on_a_cpu_checks_the_replay_and_the_cuda_statements():
+    verdicts = compare_simulated("cpu")
+    assert verdicts and all(v.holds for v in verdicts), [v.line() for v in verdicts if not v.holds]
+    matches = [v for v in verdicts if "the simulation of cpu autocast" in v.claim]
+    statements = [v for v in verdicts if v.claim.startswith("cuda")]
+    assert len(matches) == 2 * 4 and len(statements) + len(matches) == len(verdicts)
+    assert all(v.claim.startswith("cuda (simulated), ") for v in statements)
+    assert {v.claim.split(",")[1].split(":")[0].strip() for v in statements} == {"bf16", "fp16"}
+    assert any("mean stays 16-bit" in v.claim for v in statements)
+    assert selfcheck("cpu") == verdicts or [v.line() for v in selfcheck("cpu")] == [v.line() for v in verdicts]
+    only = compare_simulated("cpu", dtypes=["fp16"])
+    assert {v.claim.split(",")[1].split(":")[0].strip() for v in only} == {"fp16"}
+
+
+def _pretend_cuda(monkeypatch, real):
+    """A CUDA machine, as far as compare_simulated can tell: ``real`` gives its traces."""
+    import amp_lessons.trace as trace
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(trace, "pick_device", lambda d=None: cuda if d in (None, "cuda", cuda) else torch.device(d))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # a T4: fp16 only
+    original = trace._real_trace
+
+    def real_trace(case, dtype, device):
+        if torch.device(device).type == "cpu":
+            return original(case, dtype, device)
+        return real(case, dtype)
+
+    monkeypatch.setattr(trace, "_real_trace", real_trace)
+
+
+def _as_real(tr):
+    tr.simulated = False
+    return tr
+
+
+def test_compare_simulated_on_cuda_compares_real_and_simulated_traces(monkeypatch):
+    import amp_lessons.trace as trace
+
+    # the "real" GPU, played by the replay itself but not labelled simulated: everything matches
+    _pretend_cuda(monkeypatch, lambda case, dtype: _as_real(trace._simulated_trace(case, dtype, "cuda")))
+    verdicts = compare_simulated()
+    assert verdicts and all(v.holds for v in verdicts), [v.line() for v in verdicts if not v.holds]
+    matches = [v for v in verdicts if "the simulation of cuda autocast" in v.claim]
+    assert len(matches) == 4 and all(v.claim.startswith("cuda, fp16: ") for v in matches)
+    statements = [v for v in verdicts if v not in matches]
+    assert statements and all(v.claim.startswith("cuda, fp16: ") for v in statements)  # real, not "(simulated)"
+    assert not any("bf16" in v.claim for v in verdicts)  # no bfloat16 on this GPU
+
+
+def test_compare_simulated_on_cuda_fails_when_the_device_disagrees(monkeypatch):
+    import amp_lessons.trace as trace
+
+    # a "GPU" whose autocast behaves like a CPU's: the replay and the statements must fail
+    _pretend_cuda(monkeypatch, lambda case, dtype: _as_real(trace._simulated_trace(case, dtype, "cpu")))
+    verdicts = compare_simulated()
+    failed = [v for v in verdicts if not v.holds]
+    assert any("(TransformerBlock)" in v.claim and "_softmax" in v.figures for v in failed)
+    assert any("(all 17 single calls)" in v.claim for v in failed)
+    assert any("softmax of a 16-bit input produces float32" in v.claim for v in failed)
+    assert any("mean stays 16-bit" in v.claim for v in failed)
+
+
+def test_lesson_dtype_is_lesson_00s_recommendation_or_autocasts_default():
+    from dataclasses import replace
+
+    from amp_lessons.hardware import hardware_report
+
+    report = hardware_report("cpu")
+    cases = [("cuda", "bf16", torch.bfloat16), ("cuda", "fp16", torch.float16),
+             ("cuda", "fp32", torch.float16), ("cpu", "fp32", torch.bfloat16),
+             ("cpu", "bf16", torch.bfloat16), ("mps", "fp32", torch.float16)]
+    for device, recommended, want in cases:
+        assert lesson_dtype(replace(report, device=device, recommended=recommended)) == want
+    assert lesson_dtype() in LOW
+
+
 # --- the exercise --------------------------------------------------------------------
 
 CPU_ANSWERS = {  # CPU: GroupNorm and LogSoftmax are on no list, so they follow the conv
     "convolution": "low", "native_group_norm": "low", "gelu": "low",
     "_log_softmax": "low", "nll_loss_forward": "fp32",
 }
+CUDA_ANSWERS = {  # CUDA: group_norm and log_softmax on the float32 list; gelu follows it
+    "convolution": "low", "native_group_norm": "fp32", "gelu": "fp32",
+    "_log_softmax": "fp32", "nll_loss_forward": "fp32",
+}
+
+
+def _answers(table, dtype):
+    return {op: short(dtype) if a == "low" else a for op, a in table.items()}
+
+
+def test_exercise_net_prints_the_same_on_every_torch_release():
+    net, *_ = dtype_exercise("cpu")
+    assert [type(m).__name__ for m in net] == [
+        "Conv2d", "GroupNorm", "GELU", "Flatten", "Linear", "LogSoftmax"]
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=short)
 def test_exercise_checker_passes_right_answers(dtype):
     tr = trace_model(*dtype_exercise("cpu"), dtype=dtype)
-    answers = {op: short(dtype) if a == "low" else a for op, a in CPU_ANSWERS.items()}
-    verdict = check_dtype_predictions(answers, tr)
+    verdict = check_dtype_predictions(_answers(CPU_ANSWERS, dtype), tr)
     assert verdict.passed, str(verdict)
+    assert verdict.findings[0] == f"convolution: {short(dtype)}, right (rule 1)"
     as_dtypes = {op: dtype if a == "low" else torch.float32 for op, a in CPU_ANSWERS.items()}
     assert check_dtype_predictions(as_dtypes, tr).passed
+    cuda = trace_model(*dtype_exercise("cpu"), dtype=dtype, device="cuda", simulate=True)
+    assert check_dtype_predictions(_answers(CUDA_ANSWERS, dtype), cuda).passed
+    assert not check_dtype_predictions(_answers(CPU_ANSWERS, dtype), cuda).passed
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=short)
-def test_exercise_checker_fails_wrong_answers(dtype):
+def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
     tr = trace_model(*dtype_exercise("cpu"), dtype=dtype)
-    right = {op: short(dtype) if a == "low" else a for op, a in CPU_ANSWERS.items()}
+    right = _answers(CPU_ANSWERS, dtype)
     # the classic wrong belief: "normalisation and softmax always stay float32"
-    wrong = dict(right, native_group_norm="fp32", _log_softmax="float32")
+    wrong = dict(right, native_group_norm="fp32", _log_softmax="float32", convolution="fp32")
     verdict = check_dtype_predictions(wrong, tr)
     assert not verdict.passed
-    assert f"native_group_norm: you predicted fp32; on cpu it ran in {short(dtype)}" in verdict.findings
-    assert sum("right" in f for f in verdict.findings) == 3
+    for finding in verdict.findings:  # a wrong prediction gets no dtype back: no answer given away
+        if "right" not in finding:
+            assert short(dtype) not in finding and "fp32" not in finding, finding
+    gn = next(f for f in verdict.findings if f.startswith("native_group_norm"))
+    assert "Rule 3" in gn and "dtype its input already had" in gn and "fp32" not in gn
+    conv = next(f for f in verdict.findings if f.startswith("convolution"))
+    assert "Rule 1" in conv and "lower-precision list" in conv
+    assert sum("right" in f for f in verdict.findings) == 2
+    revealed = check_dtype_predictions(wrong, tr, reveal=True)
+    assert f"[it ran in {short(dtype)}]" in revealed.findings[0]
     other = "fp16" if dtype == torch.bfloat16 else "bf16"
     assert not check_dtype_predictions(dict(right, gelu=other), tr).passed
     unanswered = check_dtype_predictions(dict.fromkeys(right, "?"), tr)
@@ -286,6 +746,18 @@ def test_exercise_checker_fails_wrong_answers(dtype):
     absent = check_dtype_predictions(dict(right, softmax="fp32"), tr)
     assert not absent.passed and any("softmax: did not run" in f for f in absent.findings)
     assert not check_dtype_predictions({}, tr).passed
+    cuda = trace_model(*dtype_exercise("cpu"), dtype=dtype, device="cuda", simulate=True)
+    hint = check_dtype_predictions({"native_group_norm": short(dtype)}, cuda).findings[0]
+    assert "Rule 2" in hint and "cuda (simulated)'s float32 list" in hint
+
+
+def test_exercise_checker_refuses_tf32_with_a_reason():
+    tr = trace_model(*dtype_exercise("cpu"), dtype=torch.bfloat16)
+    verdict = check_dtype_predictions(dict(_answers(CPU_ANSWERS, torch.bfloat16),
+                                           nll_loss_forward="tf32"), tr)
+    assert not verdict.passed
+    (finding,) = [f for f in verdict.findings if f.startswith("nll_loss_forward")]
+    assert "'tf32' is not a dtype" in finding and "write 'fp32'" in finding
 
 
 # --- widget and figure ---------------------------------------------------------------
@@ -298,7 +770,7 @@ def test_autocast_table_is_the_traced_table():
         text = autocast_table(name, "fp16", "cpu")
         tr = trace_example(name, torch.float16, "cpu")
         assert text == "\n\n".join([tr.headline(), tr.table(), tr.summary()])
-        assert "autocast torch.float16" in text and "<- fp32" in text
+        assert "autocast torch.float16" in text and "<- " in text
 
 
 def test_autocast_explorer_rerenders_on_a_new_dtype():
@@ -315,13 +787,29 @@ def test_autocast_explorer_rerenders_on_a_new_dtype():
     assert "TransformerBlock on cpu" in box.view.value and "_softmax" in box.view.value
 
 
-def test_op_dtypes_figure_title_counts_the_ops():
+def test_op_dtypes_figure_names_every_op_readably_and_counts_them():
+    from matplotlib.colors import to_hex
+
     from amp_lessons.plots import op_dtypes
 
-    traces = {n: trace_example(n, torch.bfloat16, "cpu") for n in EXAMPLES}
-    comp = [r for t in traces.values() for r in t.compute]
-    fig = op_dtypes(traces)
-    title = fig.axes[0].get_title()
-    assert f"{sum(r.low for r in comp)} of {len(comp)} computing ops ran 16-bit" in title
-    assert f"{sum(r.fp32 for r in comp)} stayed float32" in title
-    assert fig.axes[0].get_xlabel()
+    cpu = trace_example("TransformerBlock", torch.bfloat16, "cpu")
+    cuda = trace_example("TransformerBlock", torch.bfloat16, "cuda", simulate=True)
+    fig = op_dtypes([cpu, cuda])
+    assert len(fig.axes) == 2
+    for ax, tr in zip(fig.axes, (cpu, cuda)):
+        c = tr.counts()
+        title = ax.get_title(loc="left")
+        assert f"TransformerBlock on {tr.where}, autocast bf16: {c['low']} of {c['compute']}" in title
+        assert f"{c['to_fp32']} autocast put in float32, {c['already_fp32']} float32 already" in title
+        names = [t.get_text() for t in ax.texts]
+        assert names == [f"{i}. {r.op}" for i, r in enumerate(tr.rows(), 1)]
+        assert all(t.get_fontsize() >= 9 and t.get_rotation() == 0 for t in ax.texts)
+    assert "(simulated)" in fig.axes[1].get_title(loc="left")
+    softmax = next(p for t, p in zip(fig.axes[1].texts, fig.axes[1].patches) if t.get_text().endswith("_softmax"))
+    assert to_hex(softmax.get_facecolor()) == "#f58518"  # autocast put it in float32
+    head = fig._suptitle.get_text()
+    assert all(len(line) <= 100 for line in head.splitlines())
+    assert all(not w.endswith("-") for w in head.split())  # wrapped between words
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "autocast put it in float32" in legend and "float32 already (its inputs were)" in legend
+    assert fig.get_size_inches()[0] <= 10  # shown at its own size in JupyterLab, not shrunk

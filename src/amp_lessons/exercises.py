@@ -96,14 +96,48 @@ def dtype_exercise(device=None, seed: int = 0):
     return model.to(dev), x.to(dev), target.to(dev), F.nll_loss
 
 
-def check_dtype_predictions(predictions: dict, trace) -> Verdict:
+_DTYPE_ANSWERS = "write 'fp32', 'bf16' or 'fp16'"
+
+
+def _rule_hint(op: str, record, device: str) -> str:
+    """The rule that decided ``record``'s dtype, as a question: a hint, not the answer."""
+    if record.rule == 1:
+        return (f"{op}: not yet. Rule 1 decided this one: autocast cast its float32 inputs. "
+                f"To which dtype does autocast cast the inputs of ops on {device}'s "
+                "lower-precision list?")
+    if record.rule == 2:
+        return (f"{op}: not yet. Rule 2 decided this one: autocast stepped in for it. What does "
+                f"autocast do with ops on {device}'s float32 list?")
+    return (f"{op}: not yet. Rule 3 decided this one: autocast left it alone on {device}, so it "
+            "ran in the dtype its input already had. Which dtype did the op before it produce?")
+
+
+def _parse_guess(op: str, guess):
+    """``(dtype, None)`` for a valid prediction, ``(None, finding)`` otherwise."""
+    from .precision import dtype_of, parse_precision
+
+    if guess is None or (isinstance(guess, str) and guess.strip() in ("", "?")):
+        return None, f"{op}: no prediction yet ({_DTYPE_ANSWERS})"
+    try:
+        name = parse_precision(guess)
+    except ValueError:
+        return None, f"{op}: {guess!r} is not a dtype; {_DTYPE_ANSWERS}"
+    if name == "tf32":
+        return None, (f"{op}: 'tf32' is not a dtype a tensor can have: TF32 is a mode of float32 "
+                      "matmuls on NVIDIA GPUs (the tensors stay torch.float32), and autocast never "
+                      f"picks it; {_DTYPE_ANSWERS}")
+    return dtype_of(name), None
+
+
+def check_dtype_predictions(predictions: dict, trace, reveal: bool = False) -> Verdict:
     """02: compare ``{aten op: predicted dtype}`` with the dtypes a live trace recorded.
 
     A prediction is a precision name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"float32"``...)
-    or a torch dtype; ``"?"`` or ``None`` means not answered yet. ``trace`` is an
-    :class:`amp_lessons.trace.Trace` run on this device.
+    or a torch dtype; ``"?"`` or ``None`` means not answered yet; ``"tf32"`` is refused
+    (not a tensor dtype). ``trace`` is an :class:`amp_lessons.trace.Trace` run on this
+    device. A wrong prediction gets the rule that decided the op (lesson 02's rules 1-3),
+    not the answer; ``reveal=True`` adds the dtype each op ran in.
     """
-    from .precision import dtype_of
     from .trace import short
 
     if not predictions:
@@ -111,27 +145,20 @@ def check_dtype_predictions(predictions: dict, trace) -> Verdict:
     ran = sorted({r.op for r in trace.rows()})
     findings, passed = [], True
     for op, guess in predictions.items():
-        actual = trace.dtypes_of(op)
-        if not actual:
+        records = trace.ops(op)
+        if not records:
             passed = False
             findings.append(f"{op}: did not run in this trace; ops that ran: {', '.join(ran)}")
             continue
-        if guess is None or (isinstance(guess, str) and guess.strip() in ("", "?")):
-            passed = False
-            findings.append(f"{op}: no prediction yet (write 'fp32', 'bf16' or 'fp16')")
-            continue
-        try:
-            predicted = dtype_of(guess)
-        except ValueError:
-            passed = False
-            findings.append(f"{op}: {guess!r} is not a dtype; write 'fp32', 'bf16' or 'fp16'")
-            continue
+        predicted, problem = _parse_guess(op, guess)
+        actual = {r.dtype for r in records}
         got = " and ".join(sorted(short(d) for d in actual))
-        if actual == {predicted}:
-            findings.append(f"{op}: {got}, right")
-        else:
-            passed = False
-            findings.append(f"{op}: you predicted {short(predicted)}; on {trace.device} it ran in {got}")
+        if problem is None and actual == {predicted}:
+            findings.append(f"{op}: {got}, right (rule {records[0].rule})")
+            continue
+        passed = False
+        finding = problem or _rule_hint(op, records[0], trace.where)
+        findings.append(finding + (f" [it ran in {got}]" if reveal else ""))
     return Verdict(passed, findings)
 
 

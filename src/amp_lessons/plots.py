@@ -117,37 +117,62 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
 # --- 02_autocast ---------------------------------------------------------------------
 
 
-def op_dtypes(traces: dict):
-    """02: one row per traced model, one cell per op of forward + loss, coloured by dtype.
+def op_dtypes(traces: dict, columns: int = 5):
+    """02: each traced call's ops of forward + loss, in the order they ran, coloured by dtype.
 
-    ``traces`` maps a label to an :class:`amp_lessons.trace.Trace`. Blue: the op ran
-    16-bit; orange: it stayed float32; grey: a cast autocast inserted. Views are left out.
+    ``traces`` maps a label to an :class:`amp_lessons.trace.Trace`, or is a list of traces
+    (labelled with their model's name); devices may be mixed: each panel says where it
+    ran, "(simulated)" included. The ops read like text, left to right, then down,
+    ``columns`` to a line, each named in a 9 pt label. Blue: ran 16-bit; orange: autocast
+    put it in float32; sand: float32 already (its inputs were); grey: a cast autocast
+    inserted; white: anything else (int, float64). Views are left out.
     """
+    import textwrap
+
     from matplotlib.patches import Patch, Rectangle
 
-    colors = {"low": "#4c78a8", "fp32": "#f58518", "cast": "#bab0ac", "other": "#eeeeee"}
-    rows = {k: [r for r in t.rows() if r.module != "(backward)"] for k, t in traces.items()}
-    width = max(len(v) for v in rows.values())
-    pitch = 2.2  # row spacing, in cell heights: room for the op names above each row
-    fig, ax = plt.subplots(figsize=(min(2 + 0.32 * width, 14), 0.6 + 1.5 * len(rows)))
-    for i, recs in enumerate(rows.values()):
-        y = (len(rows) - 1 - i) * pitch
-        for x, r in enumerate(recs):
-            key = "cast" if r.kind == "cast" else "low" if r.low else "fp32" if r.fp32 else "other"
-            ax.add_patch(Rectangle((x, y), 0.92, 0.8, color=colors[key]))
-            ax.text(x + 0.3, y + 0.86, r.op, rotation=60, fontsize=6, ha="left", va="bottom")
-    ax.set(xlim=(-0.2, width + 0.5), ylim=(-0.2, (len(rows) - 1) * pitch + 2.0),
-           xlabel="op number, in the order the ops ran (forward + loss; views left out)")
-    ax.set_yticks([(len(rows) - 1 - i) * pitch + 0.4 for i in range(len(rows))], list(rows))
-    ax.spines[["top", "right", "left"]].set_visible(False)
-    comp = [r for recs in rows.values() for r in recs if r.kind == "compute"]
-    first = next(iter(traces.values()))
-    ax.set_title(f"autocast {first.dtype} on {first.device}: {sum(r.low for r in comp)} of "
-                 f"{len(comp)} computing ops ran 16-bit, {sum(r.fp32 for r in comp)} stayed float32",
-                 fontsize=10)
-    ax.legend(handles=[Patch(color=colors[k], label=label) for k, label in
-                       (("low", "ran 16-bit"), ("fp32", "stayed float32"), ("cast", "cast"))],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    from .trace import short
+
+    colors = {"low": "#4c78a8", "to_fp32": "#f58518", "already": "#f3dfb8", "cast": "#bab0ac",
+              "other": "#ffffff"}
+    labels = {"low": "ran 16-bit", "to_fp32": "autocast put it in float32",
+              "already": "float32 already (its inputs were)", "cast": "cast (_to_copy)",
+              "other": "other (int, float64)"}
+
+    def key(r):
+        if r.kind == "cast":
+            return "cast"
+        return "low" if r.low else "to_fp32" if r.to_fp32 else "already" if r.already_fp32 else "other"
+
+    pairs = list(traces.items()) if isinstance(traces, dict) else [(t.model or "call", t) for t in traces]
+    rows = [[r for r in t.rows() if r.module != "(backward)"] for _, t in pairs]
+    lines = [max(1, -(-len(recs) // columns)) for recs in rows]
+    heights = [0.9 + 0.42 * n for n in lines]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9.5, sum(heights) + 1.2), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    used = set()
+    for ax, (label, tr), recs, n_lines in zip(axes[:, 0], pairs, rows, lines):
+        for i, r in enumerate(recs):
+            x, y = i % columns, -(i // columns)
+            k = key(r)
+            used.add(k)
+            ax.add_patch(Rectangle((x + 0.02, y + 0.06), 0.96, 0.88, facecolor=colors[k],
+                                   edgecolor="#888888" if k == "other" else "none"))
+            ax.text(x + 0.06, y + 0.5, f"{i + 1}. {r.op}", fontsize=9, va="center", ha="left",
+                    color="white" if k in ("low", "to_fp32") else "black", clip_on=True)
+        ax.set(xlim=(0, columns), ylim=(-n_lines + 1, 1))
+        ax.axis("off")
+        c = tr.counts()
+        mode = f"autocast {short(tr.dtype)}" if tr.dtype is not None else "autocast off"
+        ax.set_title(f"{label} on {tr.where}, {mode}: {c['low']} of {c['compute']} computing ops "
+                     f"ran 16-bit, {c['to_fp32']} autocast put in float32, {c['already_fp32']} "
+                     "float32 already", fontsize=10, loc="left")
+    head = "Which dtype each op of forward + loss ran in, in the order the ops ran (left to right, then down)"
+    fig.suptitle("\n".join(textwrap.wrap(head, 100)), fontsize=11, x=0.01, ha="left")
+    order = [k for k in colors if k in used]
+    fig.legend(handles=[Patch(facecolor=colors[k], edgecolor="#888888", label=labels[k]) for k in order],
+               loc="lower left", ncol=3, fontsize=9, frameon=False, bbox_to_anchor=(0.01, 0.0))
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(order) > 3), 1, 1))
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
 

@@ -3,13 +3,26 @@
 A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sits *below* autocast in
 PyTorch's dispatcher, so it sees every aten op as it really executes, including the
 ``_to_copy`` casts that autocast inserts (a ``TorchFunctionMode`` sees only the Python
-calls, not the casts). Forward pre/post hooks keep a stack of module names, so each op is
-attributed to the module whose ``forward`` ran it. Used in 02_autocast.
+calls, not the casts; the tracer runs one too, to tell a cast you wrote, ``h.float()``,
+from one autocast inserted). Forward pre/post hooks keep a stack of module names, so each
+op is attributed to the module whose ``forward`` ran it. Used in 02_autocast.
 
     tr = trace_model(model, x, y, dtype=torch.bfloat16)   # forward + loss under autocast
     print(tr.table())      # one row per op: module, op, input dtypes, output dtype, cast
-    print(tr.summary())    # per module: which ops ran 16-bit, which stayed float32
+    print(tr.summary())    # per module: 16-bit ops, ops autocast put in float32, ops already float32
     tr                     # in a notebook: the table as HTML, float32 rows highlighted
+
+**Simulated devices.** ``simulate=True`` replays another device type's autocast on this
+machine: the tensors become ``FakeTensor``\\ s (shapes and dtypes, no data) on ``device``,
+built from meta tensors, and that device type's autocast is switched on directly
+(``torch.set_autocast_enabled``/``set_autocast_dtype``), so PyTorch's own C++ autocast
+lists for that device decide every cast, exactly as on the real device, and the same
+dispatch-mode tracer records them. A CPU-only build can so show what CUDA (or MPS)
+autocast does; every simulated trace says "(simulated)". Limits: forward + loss only (no
+backward: autograd needs the real device), no values, and weights are not ``requires_grad``
+there, so autocast's cast cache (a weight used twice in one forward is cast once on the
+real device) is not replayed. :func:`compare_simulated` checks the simulation against the
+real device wherever one is present (``make gpu-check`` calls it through :func:`selfcheck`).
 """
 
 from __future__ import annotations
@@ -17,20 +30,25 @@ from __future__ import annotations
 import contextlib
 import difflib
 import html
+import re
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
-from .hardware import check_autocast, pick_device
+from .hardware import DeviceUnavailableError, check_autocast, pick_device
 from .precision import dtype_of
 
 LOW = (torch.bfloat16, torch.float16)
 BACKWARD = (None, "outside", "inside")
+SIMULATED = ("cuda", "mps", "cpu")  # device types whose autocast this build can replay
 
 _SHORT = {
     torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
@@ -38,6 +56,12 @@ _SHORT = {
 }
 # Ops that only reshape, alias or copy memory: hidden from the table unless asked for.
 _LAYOUT = {"clone", "_unsafe_view", "contiguous", "copy_", "alias"}
+# Python-level calls that cast on purpose: their _to_copy is the code's own cast, not autocast's.
+_CAST_CALLS = {"to", "float", "half", "bfloat16", "double", "type", "type_as", "_to_copy"}
+
+# The marks of the table's last column (both end in "fp32": tests and readers split on it).
+BY_AUTOCAST = "<- autocast fp32"
+ALREADY = "<- already fp32"
 
 
 def short(dtype) -> str:
@@ -47,7 +71,7 @@ def short(dtype) -> str:
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One aten op as it executed: where, what went in, what came out."""
+    """One aten op as it executed: where, what went in, what came out, and why."""
 
     op: str                          # the aten name, e.g. "addmm", "_to_copy", "_softmax"
     module: str                      # the innermost module running it, or "(loss)", "(backward)"
@@ -55,6 +79,7 @@ class OpRecord:
     outputs: tuple[torch.dtype, ...]  # dtypes of every tensor result
     shape: tuple[int, ...]           # shape of the first result
     kind: str                        # "cast", "layout" (view, clone) or "compute"
+    by_autocast: bool = False        # a cast autocast inserted, or an op whose dtype autocast chose
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -68,8 +93,43 @@ class OpRecord:
 
     @property
     def fp32(self) -> bool:
-        """A computing op that produced float32: under autocast, one that *stayed* float32."""
+        """A computing op that produced float32, for either reason below."""
         return self.kind == "compute" and self.dtype == torch.float32
+
+    @property
+    def to_fp32(self) -> bool:
+        """A float32 computing op that autocast made float32: it got a float32 copy autocast
+        cast from 16-bit, or only 16-bit inputs and autocast asked for a float32 result
+        (CUDA's softmax and sum take ``dtype=float32`` instead of a separate cast)."""
+        return self.fp32 and self.by_autocast
+
+    @property
+    def already_fp32(self) -> bool:
+        """A float32 computing op autocast did not touch: its inputs were float32 already
+        (the model's float32 input, a residual sum promoted to float32), or the code asked."""
+        return self.fp32 and not self.by_autocast
+
+    @property
+    def autocast_cast(self) -> bool:
+        """A ``_to_copy`` cast that autocast inserted (not one the code wrote, like ``.float()``)."""
+        return self.kind == "cast" and self.by_autocast
+
+    @property
+    def rule(self) -> int | None:
+        """Which of lesson 02's three rules gave a computing op its dtype: 1, autocast cast its
+        float32 inputs to 16-bit (the lower-precision list); 2, autocast made it float32 (the
+        float32 list); 3, autocast changed nothing, the op ran in the dtype its inputs had.
+        ``None`` for casts and views."""
+        if self.kind != "compute":
+            return None
+        if not self.by_autocast:
+            return 3
+        return 2 if self.dtype == torch.float32 else 1
+
+    @property
+    def mark(self) -> str:
+        """The table's last column: :data:`BY_AUTOCAST`, :data:`ALREADY` or nothing."""
+        return BY_AUTOCAST if self.to_fp32 else ALREADY if self.already_fp32 else ""
 
 
 def _kind(func, inputs, outputs) -> str:
@@ -83,13 +143,19 @@ def _kind(func, inputs, outputs) -> str:
 
 @dataclass(frozen=True)
 class ModuleRow:
-    """One module's share of a trace: its casts and which ops ran 16-bit or float32."""
+    """One module's share of a trace: its casts, its 16-bit ops and its float32 ops by reason."""
 
     name: str
     type: str
     casts: int
     low: tuple[str, ...]
-    fp32: tuple[str, ...]
+    to_fp32: tuple[str, ...]       # autocast made them float32
+    already_fp32: tuple[str, ...]  # float32 without autocast's doing
+
+    @property
+    def fp32(self) -> tuple[str, ...]:
+        """Every float32 computing op, for either reason."""
+        return self.to_fp32 + self.already_fp32
 
 
 def _counted(names) -> str:
@@ -107,10 +173,16 @@ class Trace:
     records: list[OpRecord] = field(default_factory=list)
     model: str | None = None         # the traced model's class name (None: a plain call)
     types: dict[str, str] = field(default_factory=dict)  # module name -> class name
-    result: Any = None               # what the traced call returned (the model's output)
+    result: Any = None               # what the traced call returned (simulated: a FakeTensor)
     loss: torch.Tensor | None = None
+    simulated: bool = False          # replayed with FakeTensors, not run on the device
 
     # --- queries --------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        """``"cpu"``, or ``"cuda (simulated)"`` for a replayed device."""
+        return f"{self.device} (simulated)" if self.simulated else self.device
+
     def rows(self, layout: bool = False) -> list[OpRecord]:
         """The records, without views and clones unless ``layout=True``."""
         return [r for r in self.records if layout or r.kind != "layout"]
@@ -141,7 +213,7 @@ class Trace:
         return [r for r in self.records if r.kind == "compute"]
 
     def modules(self) -> list[ModuleRow]:
-        """Per module, in the order they first ran: casts, 16-bit ops, float32 ops."""
+        """Per module, in the order they first ran: casts, 16-bit ops, float32 ops by reason."""
         order = list(dict.fromkeys(r.module for r in self.records))
         out = []
         for name in order:
@@ -151,9 +223,19 @@ class Trace:
                 type=self.types.get(name, "-"),
                 casts=sum(r.kind == "cast" for r in mine),
                 low=tuple(r.op for r in mine if r.kind == "compute" and r.low),
-                fp32=tuple(r.op for r in mine if r.fp32),
+                to_fp32=tuple(r.op for r in mine if r.to_fp32),
+                already_fp32=tuple(r.op for r in mine if r.already_fp32),
             ))
         return out
+
+    def counts(self) -> dict[str, int]:
+        """Forward + loss: computing ops, 16-bit ones, float32 by autocast, float32 already, casts."""
+        fwd = [r for r in self.records if r.module != "(backward)"]
+        comp = [r for r in fwd if r.kind == "compute"]
+        return {"compute": len(comp), "low": sum(r.low for r in comp),
+                "to_fp32": sum(r.to_fp32 for r in comp),
+                "already_fp32": sum(r.already_fp32 for r in comp),
+                "casts": sum(r.kind == "cast" for r in fwd)}
 
     # --- text -----------------------------------------------------------------------
     def _columns(self, layout: bool) -> tuple[list[str], list[list[str]], list[OpRecord]]:
@@ -162,12 +244,12 @@ class Trace:
             head.insert(1, "module")
         rows, recs = [], self.rows(layout)
         for i, r in enumerate(recs, 1):
+            cast = "" if r.kind != "cast" else "autocast" if r.by_autocast else "explicit"
             cells = [
                 str(i), r.op, " ".join(short(d) for d in r.inputs) or "-",
                 short(r.dtype) if r.outputs else "-",
                 "[" + ",".join(str(s) for s in r.shape) + "]",
-                "yes" if r.kind == "cast" else "",
-                "<- fp32" if r.fp32 else "",
+                cast, r.mark,
             ]
             if self.model is not None:
                 cells.insert(1, r.module)
@@ -175,21 +257,19 @@ class Trace:
         return head, rows, recs
 
     def headline(self) -> str:
-        """One line: where it ran, and how many computing ops ran 16-bit or stayed float32."""
-        fwd = [r for r in self.records if r.module != "(backward)"]
-        comp = [r for r in fwd if r.kind == "compute"]
-        low = sum(r.low for r in comp)
-        fp32 = sum(r.fp32 for r in comp)
-        casts = sum(r.kind == "cast" for r in fwd)
+        """One line: where it ran, and how many computing ops ran 16-bit or float32, and why."""
+        c = self.counts()
         mode = f"autocast {self.dtype}" if self.dtype is not None else "autocast disabled"
-        return (f"{self.model or 'call'} on {self.device}, {mode}: {len(comp)} computing ops "
-                f"(forward + loss), {low} ran 16-bit, {fp32} stayed float32, "
-                f"{casts} casts")
+        return (f"{self.model or 'call'} on {self.where}, {mode}: {c['compute']} computing ops "
+                f"(forward + loss), {c['low']} ran 16-bit, {c['to_fp32']} autocast put in float32, "
+                f"{c['already_fp32']} were float32 already, {c['casts']} casts")
 
     def table(self, layout: bool = False) -> str:
-        """One row per op. ``<- fp32`` marks computing ops whose result is float32.
-
-        Views and clones (which compute nothing) are left out unless ``layout=True``.
+        """One row per op. The last column marks float32 computing ops: ``<- autocast fp32``
+        (autocast made it float32) or ``<- already fp32`` (its inputs were float32 already).
+        The cast column says who inserted each ``_to_copy`` cast: ``autocast`` or the code
+        itself (``explicit``, e.g. ``h.float()``). Views and clones (which compute nothing)
+        are left out unless ``layout=True``.
         """
         head, rows, _ = self._columns(layout)
         widths = [max(len(x) for x in col) for col in zip(head, *rows)]
@@ -200,10 +280,10 @@ class Trace:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """Per module: casts, the ops that ran 16-bit, the ops that stayed float32."""
-        head = ["module", "type", "casts", "ran 16-bit", "stayed float32"]
-        rows = [[m.name, m.type, str(m.casts), _counted(m.low), _counted(m.fp32)]
-                for m in self.modules()]
+        """Per module: casts, 16-bit ops, ops autocast put in float32, ops already float32."""
+        head = ["module", "type", "casts", "ran 16-bit", "autocast -> fp32", "already fp32"]
+        rows = [[m.name, m.type, str(m.casts), _counted(m.low), _counted(m.to_fp32),
+                 _counted(m.already_fp32)] for m in self.modules()]
         widths = [max(len(x) for x in col) for col in zip(head, *rows)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
                          for cells in [head, *rows])
@@ -213,16 +293,18 @@ class Trace:
         return " ".join(f"{r.op}->{short(r.dtype)}" for r in self.rows())
 
     def html(self, layout: bool = False) -> str:
-        """The table as HTML: float32 rows highlighted, casts in italics."""
+        """The table as HTML: autocast's float32 rows orange, float32-already rows sand, casts grey."""
         head, rows, recs = self._columns(layout)
         th = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in head)
         body = []
         for cells, r in zip(rows, recs):
-            style = ("background:#ffd8a8;font-weight:bold" if r.fp32 else
+            style = ("background:#ffd8a8;font-weight:bold" if r.to_fp32 else
+                     "background:#f3ead8" if r.already_fp32 else
                      "font-style:italic;color:#555" if r.kind == "cast" else "")
             tds = "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in cells)
             body.append(f"<tr style='{style}'>{tds}</tr>")
-        caption = html.escape(self.headline()) + " (float32 rows highlighted)"
+        caption = (html.escape(self.headline()) + ". Orange: autocast put the op in float32; "
+                   "sand: float32 already; grey italics: casts")
         return (f"<table style='font-family:monospace;font-size:12px'><caption>{caption}</caption>"
                 f"<tr>{th}</tr>{''.join(body)}</table>")
 
@@ -240,22 +322,71 @@ def _names(dtypes) -> str:
     return ", ".join(sorted(short(d) for d in dtypes))
 
 
-class _Recorder(TorchDispatchMode):
-    """Appends one :class:`OpRecord` per aten op; ``where()`` names the running module."""
+class _Calls(TorchFunctionMode):
+    """Remembers the Python-level torch call in progress (the outermost one), so the
+    recorder can tell a cast the code asked for (``.float()``, ``dtype=``) from autocast's."""
 
-    def __init__(self, trace: Trace, where):
+    def __init__(self):
         super().__init__()
-        self.trace = trace
-        self.where = where
+        self.explicit = False  # the running call is a cast method or passed a dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        before = self.explicit
+        self.explicit = (getattr(func, "__name__", "") in _CAST_CALLS
+                         or any(isinstance(a, torch.dtype) for a in tree_leaves((args, kwargs))))
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.explicit = before
+
+
+class _Recorder(TorchDispatchMode):
+    """Appends one :class:`OpRecord` per aten op; ``where()`` names the running module.
+
+    Tensors that came out of an autocast cast (and views of them) are remembered, so an op
+    fed by one is marked as given its dtype by autocast (rule 1 or 2 of :attr:`OpRecord.rule`).
+    """
+
+    def __init__(self, trace: Trace, where, calls: _Calls):
+        super().__init__()
+        self.trace, self.where, self.calls = trace, where, calls
+        self.from_cast: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> tensor
+
+    def _marked(self, t) -> bool:
+        return self.from_cast.get(id(t)) is t
+
+    def _mark(self, tensors) -> None:
+        for t in tensors:
+            self.from_cast[id(t)] = t
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        ins = tuple(t.dtype for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        if func.namespace == "prim":  # FakeTensors answer .device through prim ops: not work
+            return out
+        tensors_in = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         res = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        ins = tuple(t.dtype for t in tensors_in)
         outs = tuple(t.dtype for t in res)
+        kind = _kind(func, ins, outs)
+        fed = any(self._marked(t) for t in tensors_in)
+        autocast_on = self.trace.dtype is not None and not self.calls.explicit
+        if kind == "cast":
+            by_autocast = autocast_on
+            if by_autocast:
+                self._mark(res)
+        elif kind == "layout":
+            by_autocast = False
+            if fed:
+                self._mark(res)
+        else:
+            floats = [d for d in ins if d.is_floating_point]
+            only_low = bool(floats) and all(d in LOW for d in floats)
+            made_fp32 = bool(outs) and outs[0] == torch.float32 and autocast_on and only_low
+            by_autocast = bool(outs) and outs[0].is_floating_point and (fed or made_fp32)
         self.trace.records.append(OpRecord(
             op=func.overloadpacket.__name__, module=self.where(), inputs=ins, outputs=outs,
-            shape=tuple(res[0].shape) if res else (), kind=_kind(func, ins, outs),
+            shape=tuple(res[0].shape) if res else (), kind=kind, by_autocast=by_autocast,
         ))
         return out
 
@@ -281,7 +412,8 @@ class _Tracer:
                     self.trace.types[label] = type(mod).__name__
                     handles.append(mod.register_forward_pre_hook(self._push(label)))
                     handles.append(mod.register_forward_hook(self._pop, always_call=True))
-            with _Recorder(self.trace, self.where):
+            calls = _Calls()
+            with calls, _Recorder(self.trace, self.where, calls):
                 yield self
         finally:
             for h in handles:
@@ -298,15 +430,47 @@ class _Tracer:
             self.stack.pop()
 
 
-def _autocast_args(device, dtype, enabled) -> tuple[torch.device, torch.dtype | None]:
+# --- running for real, or simulated ----------------------------------------------------
+
+
+def _autocast_args(device, dtype, enabled, simulate=False) -> tuple[torch.device, torch.dtype | None]:
     """Check device and dtype before anything runs; errors say what is available."""
-    dev = pick_device(device)
     if isinstance(dtype, str):
         dtype = dtype_of(dtype)
+    if simulate:
+        dev = _simulated_device(device)
+    else:
+        try:
+            dev = pick_device(device)
+        except DeviceUnavailableError as err:
+            kind = str(device).split(":")[0]
+            if kind in SIMULATED:
+                raise DeviceUnavailableError(
+                    f"{err} To see what {kind} autocast would do, replay its lists here "
+                    "with simulate=True.") from None
+            raise
     if not enabled:
         return dev, None
-    check_autocast(dev.type, dtype)
+    if simulate:
+        if dtype not in LOW:
+            raise ValueError(f"autocast on {dev.type} supports torch.bfloat16 and torch.float16; "
+                             f"got {dtype}")
+    else:
+        check_autocast(dev.type, dtype)
     return dev, dtype
+
+
+def _simulated_device(device) -> torch.device:
+    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
+        raise ValueError("simulate=True needs the device type to replay: device='cuda', "
+                         "'mps' or 'cpu'")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be one of {', '.join(SIMULATED)}; got {device!r}") from err
+    if dev.type not in SIMULATED:
+        raise ValueError(f"simulate=True replays {', '.join(SIMULATED)} autocast; got {device!r}")
+    return torch.device(dev.type)
 
 
 @contextlib.contextmanager
@@ -319,17 +483,113 @@ def _autocast(dev: torch.device, dtype, enabled: bool):
         yield
 
 
-def trace_fn(fn, *, device=None, dtype=torch.bfloat16, enabled: bool = True) -> Trace:
-    """Trace ``fn()`` (no arguments: close over them) under ``torch.autocast``.
+@contextlib.contextmanager
+def _simulated_autocast(device_type: str, dtype, enabled: bool):
+    """What ``torch.autocast.__enter__/__exit__`` do, without its check that the device is here."""
+    before = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    torch.set_autocast_enabled(device_type, enabled)
+    if enabled:
+        torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(device_type, before[0])
+        torch.set_autocast_dtype(device_type, before[1])
+
+
+class SimulationUnsupported(RuntimeError):
+    """A call that ``simulate=True`` cannot replay: it asks the absent device's runtime
+    itself (PyTorch 2.13 on a CPU-only build: ``nn.GRUCell``, ``F.grid_sample``)."""
+
+
+_NEEDS_DEVICE = ("not compiled with", "not linked with support", "NVIDIA driver",
+                 "no CUDA GPUs", "MPS backend")
+
+
+class _Simulation:
+    """FakeTensors on ``device`` (any type, present or not), made from meta tensors."""
+
+    def __init__(self, device: torch.device):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.device = device
+        self.mode = FakeTensorMode()
+
+    def fake(self, value):
+        """A FakeTensor with ``value``'s shape, strides and dtype on the simulated device;
+        anything that is not a tensor comes back unchanged. Never ``requires_grad``:
+        autograd on a device this build lacks aborts the process."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        convert = self.mode.fake_tensor_converter.from_meta_and_device
+        return convert(self.mode, meta, self.device)
+
+    def prepare(self, fn, args, kwargs):
+        """A no-argument call of ``fn`` on fakes of ``args`` and ``kwargs`` (a module runs with
+        fake parameters and buffers). The fakes are made here, before any tracing starts."""
+        args, kwargs = tree_map(self.fake, (args, kwargs))
+        if isinstance(fn, torch.nn.Module):
+            state = {k: self.fake(v) for k, v in (*fn.named_parameters(), *fn.named_buffers())}
+            return partial(torch.func.functional_call, fn, state, args, kwargs)
+        return partial(fn, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def active(self):
+        """Inside: the fake mode. A real tensor reaching an op, or an op that needs the real
+        device even to be replayed, gets an error that says so."""
+        try:
+            with self.mode:
+                yield
+        except (AssertionError, RuntimeError) as err:
+            text = str(err)
+            if "FakeTensor" in text:
+                op = re.search(r"Found in ([\w.]+)", text)
+                raise ValueError(
+                    "simulate=True can only replay tensors it was given: pass them as arguments "
+                    "(trace_fn(torch.softmax, x, ...) or partial(torch.softmax, x, dim=-1)), or "
+                    "a module; a function that closes over real tensors cannot be simulated "
+                    f"(a real tensor reached {op.group(1) if op else 'an op'}).") from None
+            if any(s in text for s in _NEEDS_DEVICE):
+                raise SimulationUnsupported(
+                    f"this call cannot be replayed on {self.device.type} without the device: "
+                    f"part of it asks the {self.device.type} runtime itself "
+                    f"({text.splitlines()[0][:120]}). Trace it on a real {self.device.type} "
+                    "device.") from None
+            raise
+
+
+def _unwrap(fn, args) -> tuple[Any, tuple, dict]:
+    """``partial(f, a, k=v)`` with ``args`` -> ``(f, (a, *args), {k: v})``, so tensors it holds can be faked."""
+    if isinstance(fn, partial):
+        return fn.func, (*fn.args, *args), dict(fn.keywords)
+    return fn, tuple(args), {}
+
+
+def trace_fn(fn, *args, device=None, dtype=torch.bfloat16, enabled: bool = True,
+             simulate: bool = False) -> Trace:
+    """Trace ``fn(*args)`` under ``torch.autocast`` (or close over the arguments: ``fn()``).
 
     ``device``: ``None``/``"auto"`` for the best one here, or a name (checked: an absent
     device raises :class:`~amp_lessons.hardware.DeviceUnavailableError` naming those
     present). ``dtype``: ``torch.bfloat16``/``torch.float16`` or a precision name.
+    ``simulate=True`` replays ``device``'s autocast with FakeTensors (module docstring);
+    then ``fn``'s tensors must come as ``args``, a ``functools.partial`` or a module's
+    parameters, and the trace says "(simulated)".
     """
-    dev, dtype = _autocast_args(device, dtype, enabled)
-    trace = Trace(device=dev.type, dtype=dtype)
-    with _Tracer(trace, None).recording(), _autocast(dev, dtype, enabled):
-        trace.result = fn()
+    dev, dtype = _autocast_args(device, dtype, enabled, simulate)
+    trace = Trace(device=dev.type, dtype=dtype, simulated=simulate)
+    if not simulate:
+        with _Tracer(trace, None).recording(), _autocast(dev, dtype, enabled):
+            trace.result = fn(*args)
+        return trace
+    sim = _Simulation(dev)
+    call = sim.prepare(*_unwrap(fn, args))
+    with sim.active(), _Tracer(trace, None).recording(), _simulated_autocast(dev.type, dtype, enabled):
+        trace.result = call()
     return trace
 
 
@@ -341,7 +601,7 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 def trace_model(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | None = None,
                 loss_fn=F.cross_entropy, *, dtype=torch.bfloat16, device=None,
-                enabled: bool = True, backward: str | None = None) -> Trace:
+                enabled: bool = True, backward: str | None = None, simulate: bool = False) -> Trace:
     """Trace ``loss_fn(model(x), target)`` under autocast, each op attributed to its module.
 
     ``device``: ``None`` traces on the device the model's parameters are on; a name is
@@ -349,18 +609,36 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | 
     only), ``"outside"`` (``loss.backward()`` after the autocast block, as the card says)
     or ``"inside"`` (within it); backward ops are attributed to ``"(backward)"``.
     With ``target=None`` the loss is ``loss_fn(model(x))``.
+
+    ``simulate=True`` (with ``device="cuda"``, ``"mps"`` or ``"cpu"``) replays that
+    device's autocast on this machine with FakeTensors of the model's parameters, ``x`` and
+    ``target``, wherever the model is; the model itself is not touched. Forward + loss only.
     """
     if backward not in BACKWARD:
         raise ValueError(f"backward must be one of None, 'outside', 'inside'; got {backward!r}")
+    if simulate and backward is not None:
+        raise ValueError("simulate=True traces forward + loss only: backward needs the real "
+                         "device (autograd cannot run on a simulated one); pass backward=None")
     here = _model_device(model)
-    dev, dtype = _autocast_args(here if device is None else device, dtype, enabled)
-    if dev.type != here.type:
+    dev, dtype = _autocast_args(here if device is None and not simulate else device, dtype,
+                                enabled, simulate)
+    if not simulate and dev.type != here.type:
         raise ValueError(f"the model's parameters are on {here}, not {dev}: "
-                         f"move it first with model.to({str(dev)!r})")
+                         f"move it first with model.to({str(dev)!r}), or pass simulate=True "
+                         f"to replay {dev.type} autocast here")
+    trace = Trace(device=dev.type, dtype=dtype, model=type(model).__name__, simulated=simulate)
+    tracer = _Tracer(trace, model)
+    if simulate:
+        sim = _Simulation(dev)
+        forward = sim.prepare(model, (x,), {})
+        args = tuple(sim.fake(t) for t in ([] if target is None else [target]))
+        with sim.active(), tracer.recording(), _simulated_autocast(dev.type, dtype, enabled):
+            trace.result = forward()
+            tracer.phase = "loss"
+            trace.loss = loss_fn(trace.result, *args)
+        return trace
     x = x.to(dev)
     args = () if target is None else (target.to(dev),)
-    trace = Trace(device=dev.type, dtype=dtype, model=type(model).__name__)
-    tracer = _Tracer(trace, model)
     with tracer.recording():
         with _autocast(dev, dtype, enabled):
             trace.result = model(x)
@@ -375,22 +653,23 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | 
     return trace
 
 
-def differences(a: Trace, b: Trace, module: str | None = None) -> list[str]:
+def differences(a: Trace, b: Trace, module: str | None = None, layout: bool = True) -> list[str]:
     """The ops (``op: inputs -> output``) that one trace ran and the other did not.
 
     ``module`` limits the comparison to one module, e.g. ``"(backward)"``. Lines start
     with ``-`` (only in ``a``) or ``+`` (only in ``b``); an empty list means the same ops
-    ran in the same dtypes, in the same order.
+    ran in the same dtypes, in the same order. ``layout=False`` leaves out views and
+    clones (autograd's ``detach`` of a saved output is one: a simulated trace has none).
     """
     def lines(t):
         return [f"{r.op}: {' '.join(short(d) for d in r.inputs)} -> {short(r.dtype)}"
-                for r in t.records if module is None or r.module == module]
+                for r in t.rows(layout) if module is None or r.module == module]
 
     diff = difflib.ndiff(lines(a), lines(b))
     return [d.rstrip() for d in diff if d[:1] in "-+"]
 
 
-# --- the lesson's two models, ready to trace (notebook and widget share them) ------------
+# --- the lesson's models, ready to trace (notebook, widget and self-check share them) -----
 
 EXAMPLES = ("card_model", "TransformerBlock")
 
@@ -419,7 +698,265 @@ def example(name: str = "card_model", device=None, seed: int = 0):
 
 
 def trace_example(name: str = "card_model", dtype=torch.bfloat16, device=None,
-                  backward: str | None = None) -> Trace:
-    """:func:`trace_model` on :func:`example` ``(name, device)``."""
-    model, x, target, loss_fn = example(name, device)
-    return trace_model(model, x, target, loss_fn, dtype=dtype, backward=backward)
+                  backward: str | None = None, simulate: bool = False) -> Trace:
+    """:func:`trace_model` on :func:`example` ``(name, device)``; ``simulate=True`` replays
+    ``device`` (built on the CPU, traced as FakeTensors on ``device``)."""
+    model, x, target, loss_fn = example(name, "cpu" if simulate else device)
+    return trace_model(model, x, target, loss_fn, dtype=dtype, backward=backward,
+                       device=device if simulate else None, simulate=simulate)
+
+
+def lesson_dtype(report=None) -> torch.dtype:
+    """02: the 16-bit dtype to trace on this device: the precision lesson 00 recommends
+    (``hardware_report().recommended``) when it is bf16 or fp16; where it recommends fp32
+    (a CPU without AMX, MPS, a GPU without tensor cores), autocast's own default for the
+    device type (``torch.get_autocast_dtype``: bfloat16 on a CPU, float16 on CUDA and MPS).
+    """
+    if report is None:
+        from .hardware import hardware_report
+
+        report = hardware_report()
+    if report.recommended in ("bf16", "fp16"):
+        return dtype_of(report.recommended)
+    return torch.get_autocast_dtype(torch.device(report.device).type)
+
+
+# --- single calls, on the learner's device and simulated ------------------------------------
+
+PROBE_INPUTS = ("x: a 16-bit (4, 16) activation; y: int64 class indices; "
+                "a, b, c: float32 (4, 16), (16, 8), (4, 8); a64, b64: float64")
+
+
+def _probe_tensors(dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        a, b, c = torch.randn(4, 16), torch.randn(16, 8), torch.randn(4, 8)
+        return {"x": torch.randn(4, 16).to(dtype), "y": torch.randint(0, 16, (4,)),
+                "a": a, "b": b, "c": c, "a64": a.double(), "b64": b.double()}
+
+
+_PROBES = {  # name -> (function, names of the tensor arguments, keyword arguments)
+    "mm(a, b)": (torch.mm, ("a", "b"), {}),
+    "addmm(c, a, b)": (torch.addmm, ("c", "a", "b"), {}),
+    "c.addmm_(a, b)": (torch.Tensor.addmm_, ("c", "a", "b"), {}),
+    "mm(a, b, out=c)": (torch.mm, ("a", "b"), {"out": "c"}),
+    "mm(a64, b64)": (torch.mm, ("a64", "b64"), {}),
+    "relu(x)": (torch.relu, ("x",), {}),
+    "softmax(x)": (torch.softmax, ("x",), {"dim": -1}),
+    "softmax(x, dtype=x.dtype)": (torch.softmax, ("x",), {"dim": -1, "dtype": "x.dtype"}),
+    "log_softmax(x)": (torch.log_softmax, ("x",), {"dim": -1}),
+    "layer_norm(x)": (F.layer_norm, ("x",), {"normalized_shape": (16,)}),
+    "group_norm(x)": (F.group_norm, ("x",), {"num_groups": 2}),
+    "cross_entropy(x, y)": (F.cross_entropy, ("x", "y"), {}),
+    "mse_loss(x, x)": (F.mse_loss, ("x", "x"), {}),
+    "sum(x)": (torch.sum, ("x",), {}),
+    "mean(x)": (torch.mean, ("x",), {}),
+    "exp(x)": (torch.exp, ("x",), {}),
+    "x.exp_()": (torch.Tensor.exp_, ("x",), {}),
+}
+PROBES = tuple(_PROBES)
+
+
+def probe(name: str, dtype=torch.bfloat16, device=None, simulate: bool = False) -> Trace:
+    """Trace one of :data:`PROBES` (inputs: :data:`PROBE_INPUTS`) under autocast ``dtype``.
+
+    ``simulate=True`` replays ``device``'s autocast here (see the module docstring).
+    """
+    if name not in _PROBES:
+        raise ValueError(f"probe must be one of {', '.join(PROBES)}; got {name!r}")
+    if isinstance(dtype, str):
+        dtype = dtype_of(dtype)
+    fn, arg_names, kw = _PROBES[name]
+    where = "cpu" if simulate else pick_device(device)
+    t = {k: v.to(where) for k, v in _probe_tensors(dtype).items()}
+
+    def value(v):  # a tensor's name, "x.dtype", or a literal
+        return (t["x"].dtype if v == "x.dtype" else t[v]) if isinstance(v, str) else v
+
+    args = tuple(t[a] for a in arg_names)
+    kwargs = {k: value(v) for k, v in kw.items()}
+    return trace_fn(partial(fn, **kwargs), *args, device=device, dtype=dtype, simulate=simulate)
+
+
+def _wheres(devices) -> list[tuple[str, bool]]:
+    if devices is None:
+        here = pick_device().type
+        return [(here, False), ("cuda", True)]
+    out = []
+    for d in devices:
+        name = str(d)
+        sim = name.endswith("(simulated)")
+        out.append((name.removesuffix("(simulated)").strip(), sim))
+    return out
+
+
+def probe_table(names=PROBES, dtype=torch.bfloat16, devices=None) -> str:
+    """02: each call of ``names`` traced on each of ``devices``, side by side, as ``op->dtype``.
+
+    ``devices``: names, a name ending in ``"(simulated)"`` is replayed (``"cuda (simulated)"``);
+    default: this machine's device and ``"cuda (simulated)"``.
+    """
+    wheres = _wheres(devices)
+    head = ["call", *(f"{d} (simulated)" if s else d for d, s in wheres)]
+    rows = [[name, *(probe(name, dtype, d, s).oneline() for d, s in wheres)] for name in names]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+                     for cells in [head, *rows])
+
+
+# --- the self-check: the simulation against the real device, and 02's CUDA statements -------
+
+
+def _model_cases():
+    from .exercises import dtype_exercise
+
+    return {"card_model": lambda dev: example("card_model", dev),
+            "TransformerBlock": lambda dev: example("TransformerBlock", dev),
+            "the exercise's net": lambda dev: dtype_exercise(dev)}
+
+
+def _real_trace(case: str, dtype, device) -> Trace:
+    """One model or probe traced for real on ``device`` (the self-check's reference)."""
+    if case in _PROBES:
+        return probe(case, dtype, device)
+    model, x, y, loss_fn = _model_cases()[case](device)
+    return trace_model(model, x, y, loss_fn, dtype=dtype)
+
+
+def _simulated_trace(case: str, dtype, device_type: str) -> Trace:
+    if case in _PROBES:
+        return probe(case, dtype, device_type, simulate=True)
+    model, x, y, loss_fn = _model_cases()[case]("cpu")
+    return trace_model(model, x, y, loss_fn, dtype=dtype, device=device_type, simulate=True)
+
+
+def _ops(tr: Trace) -> list[tuple[str, torch.dtype]]:
+    return [(r.op, r.dtype) for r in tr.rows()]
+
+
+def cuda_statements(dtype, cuda_trace, cpu_trace) -> list:
+    """02's statements about CUDA autocast, each a verdict on traces of :data:`PROBES`.
+
+    ``cuda_trace(name)`` traces a probe on CUDA (real or simulated); ``cpu_trace(name)`` on
+    the CPU, for the statements that contrast the two. Each claim starts with where it was
+    checked (``"cuda"`` or ``"cuda (simulated)"``) and the dtype.
+    """
+    from .claims import check
+
+    low, f32 = short(dtype), torch.float32
+    cu = {n: cuda_trace(n) for n in PROBES}
+    cp = {n: cpu_trace(n) for n in ("softmax(x)", "log_softmax(x)", "layer_norm(x)",
+                                   "group_norm(x)", "cross_entropy(x, y)", "sum(x)", "mean(x)")}
+    where = cu["softmax(x)"].where
+    out = []
+
+    def say(claim, holds, *names):
+        figures = "; ".join(f"{n}: {cu[n].oneline()}" + (f" (cpu: {cp[n].oneline()})" if n in cp else "")
+                            for n in names)
+        out.append(check(f"{where}, {low}: {claim}", holds, figures))
+
+    def ops(name):
+        return [(r.op, r.dtype) for r in cu[name].rows()]
+
+    for n in ("softmax(x)", "log_softmax(x)", "layer_norm(x)", "group_norm(x)"):
+        say(f"{n.split('(')[0]} of a 16-bit input produces float32, where the CPU keeps it 16-bit",
+            cu[n].result.dtype == f32 and cp[n].result.dtype == dtype, n)
+    if dtype == torch.float16:
+        say("softmax and log_softmax take the float16 input straight to a float32 result, "
+            "with no separate cast",
+            ops("softmax(x)") == [("_softmax", f32)] and ops("log_softmax(x)") == [("_log_softmax", f32)],
+            "softmax(x)", "log_softmax(x)")
+    else:
+        say("softmax and log_softmax get their input cast to float32 first (a _to_copy)",
+            ops("softmax(x)")[0] == ("_to_copy", f32) and ops("log_softmax(x)")[0] == ("_to_copy", f32),
+            "softmax(x)", "log_softmax(x)")
+    say("layer_norm and group_norm get their input cast to float32 first (a _to_copy)",
+        ops("layer_norm(x)")[0] == ("_to_copy", f32) and ops("group_norm(x)")[0] == ("_to_copy", f32),
+        "layer_norm(x)", "group_norm(x)")
+    say("cross_entropy runs _log_softmax in 16-bit (it passes dtype=x.dtype), then casts to "
+        "float32 for nll_loss_forward; the CPU runs both halves in float32",
+        ops("cross_entropy(x, y)") == [("_log_softmax", dtype), ("_to_copy", f32),
+                                       ("nll_loss_forward", f32)]
+        and cp["cross_entropy(x, y)"].dtype_of("_log_softmax") == f32, "cross_entropy(x, y)")
+    say("sum of a 16-bit input produces float32, mean stays 16-bit; on the CPU both stay 16-bit",
+        cu["sum(x)"].result.dtype == f32 and cu["mean(x)"].result.dtype == dtype
+        and cp["sum(x)"].result.dtype == cp["mean(x)"].result.dtype == dtype, "sum(x)", "mean(x)")
+    say("softmax with an explicit dtype=x.dtype stays 16-bit: autocast leaves explicit dtype= alone",
+        cu["softmax(x, dtype=x.dtype)"].result.dtype == dtype, "softmax(x, dtype=x.dtype)")
+    say("exp runs in float32, but in-place x.exp_() stays 16-bit: autocast skips in-place ops",
+        cu["exp(x)"].result.dtype == f32 and cu["x.exp_()"].result.dtype == dtype,
+        "exp(x)", "x.exp_()")
+    say("mm of float32 inputs runs 16-bit, but not with out=, in place (addmm_) or on float64",
+        cu["mm(a, b)"].result.dtype == dtype and cu["mm(a, b, out=c)"].result.dtype == f32
+        and cu["c.addmm_(a, b)"].result.dtype == f32
+        and cu["mm(a64, b64)"].result.dtype == torch.float64,
+        "mm(a, b)", "mm(a, b, out=c)", "c.addmm_(a, b)", "mm(a64, b64)")
+    say("relu (on no list) follows its 16-bit input", cu["relu(x)"].result.dtype == dtype, "relu(x)")
+    return out
+
+
+def _dtypes_on(device: torch.device, dtypes) -> tuple[torch.dtype, ...]:
+    if dtypes is not None:
+        return tuple(dtype_of(d) if isinstance(d, str) else d for d in dtypes)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return (torch.float16,)
+    return (torch.bfloat16, torch.float16)
+
+
+def simulation_verdicts(device=None, dtypes=None) -> list:
+    """Does the simulation of ``device``'s autocast match the real thing? One verdict per
+    lesson model (:data:`EXAMPLES` and the exercise's net) and one for all :data:`PROBES`,
+    per dtype: the same ops in the same dtypes, in the same order (views left out).
+
+    On a CUDA GPU this checks the CUDA simulation the lessons show CPU learners; on a CPU it
+    checks the simulation machinery itself against the real CPU autocast.
+    """
+    from .claims import check
+
+    dev = pick_device(device)
+    out = []
+    for dtype in _dtypes_on(dev, dtypes):
+        for case in (*_model_cases(), "probes"):
+            names = PROBES if case == "probes" else (case,)
+            diffs = []
+            for name in names:
+                real, sim = _real_trace(name, dtype, dev), _simulated_trace(name, dtype, dev.type)
+                diffs += [f"{name}: {d}" for d in differences(real, sim, layout=False)]
+            what = f"all {len(PROBES)} single calls" if case == "probes" else case
+            out.append(check(f"{dev.type}, {short(dtype)}: the simulation of {dev.type} autocast "
+                             f"ran the same ops in the same dtypes as the real trace ({what})",
+                             not diffs, "; ".join(diffs[:4]) or "no difference"))
+    return out
+
+
+def statement_verdicts(device=None, dtypes=None) -> list:
+    """:func:`cuda_statements` on real CUDA traces when ``device`` is a CUDA GPU, else on
+    simulated ones (each claim then says "cuda (simulated)"), for each dtype."""
+    dev = pick_device(device)
+    out = []
+    for dtype in _dtypes_on(dev, dtypes):
+        if dev.type == "cuda":
+            cuda = partial(_real_trace, dtype=dtype, device=dev)
+        else:
+            cuda = partial(_simulated_trace, dtype=dtype, device_type="cuda")
+        out += cuda_statements(dtype, cuda, partial(_real_trace, dtype=dtype, device="cpu"))
+    return out
+
+
+def compare_simulated(device=None, dtypes=None) -> list:
+    """The simulation checked against ``device``, then lesson 02's CUDA statements, as verdicts.
+
+    On a CUDA device: :func:`simulation_verdicts` (real CUDA traces against simulated ones,
+    for every lesson model and probe), then :func:`statement_verdicts` on the real CUDA
+    traces. Elsewhere (a CPU, MPS): the same match between this device's real and
+    simulated traces, which checks the simulation itself, then the CUDA statements on
+    simulated CUDA traces, each claim saying "cuda (simulated)". ``dtypes``: default both
+    16-bit dtypes (only float16 on a GPU without bfloat16). Used by
+    ``python -m amp_lessons selfcheck`` (through :func:`selfcheck`) and 02_autocast.
+    """
+    return simulation_verdicts(device, dtypes) + statement_verdicts(device, dtypes)
+
+
+def selfcheck(device=None) -> list:
+    """``python -m amp_lessons selfcheck``'s entry point for lesson 02: :func:`compare_simulated`."""
+    return compare_simulated(device)
