@@ -21,6 +21,8 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``show``       ``expect_error``: a cell that fails on purpose prints and goes on (00, 02, 04)
 - ``errors``     the messages of lesson 06, reproduced from minimal loops, and their fixes (06)
 - ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's source (06)
+- ``distributed`` DDP and FSDP2 on N real ranks: ``launch``, the records, memory per rank,
+  ``python -m amp_lessons dist`` (07); ``dist_worker`` is what each rank runs
 """
 
 from .hardware import hardware_report, pick_device

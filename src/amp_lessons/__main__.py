@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import lint
 
     lint.add_parser(sub)  # python -m amp_lessons lint FILE.py (lesson 06)
+    from . import distributed
+
+    distributed.add_parser(sub)  # python -m amp_lessons dist (lesson 07)
     return parser
 
 
