@@ -16,11 +16,16 @@
 # %% [markdown]
 # # 02 · Autocast: which op ran in which dtype
 #
-# The card says that `torch.autocast` wraps the forward pass and the loss; that inside it,
-# matmuls and convolutions run in 16-bit while numerically sensitive ops (softmax, losses,
-# reductions) stay float32; that the weights stay float32; and that `backward()` goes
+# The card (lesson 00) says that `torch.autocast` wraps the forward pass and the loss; that
+# inside it, matmuls and convolutions run in 16-bit while numerically sensitive ops (softmax,
+# losses, reductions) stay float32; that the weights stay float32; and that `backward()` goes
 # outside the context. This lesson checks each of those claims on **this** device, by
 # recording every operation PyTorch really executed and the dtype it ran in.
+#
+# Autocast's rules differ from one device type to the next, so the lesson also replays
+# **CUDA**'s autocast on this machine, labelled *simulated* wherever it appears: on a CPU you
+# see what a GPU does differently, and on a GPU you see the simulation agree with the real
+# trace.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -43,6 +48,7 @@ amp_lessons.seed_everything(0)
 # NBVAL_IGNORE_OUTPUT
 report = amp_lessons.hardware_report()
 print(f"device {report.device} ({report.name}), torch {report.torch_version}")
+print(f"lesson 00 recommends {report.recommended} here")
 
 # %% [markdown]
 # ## The card's example, as written
@@ -81,12 +87,21 @@ print("loss is float32:  ", loss.dtype == torch.float32)
 print("parameter dtypes: ", {p.dtype for p in model.parameters()})
 
 # %% [markdown]
-# From here on, the lesson picks the device with `amp_lessons.pick_device` (which also
-# finds Apple's MPS) and keeps the card's dtype rule: float16 on CUDA, bfloat16 elsewhere.
+# ## This lesson's device and dtype
+#
+# The card picks float16 on every GPU. Lesson 00 recommends bfloat16 on Ampere-or-newer GPUs
+# (A100, H100, RTX 30xx and later, with native bfloat16: no scaler needed) and float16 with a
+# `GradScaler` on older ones (T4, V100). From here on the lesson picks the device with
+# `amp_lessons.pick_device` (which also finds Apple's MPS) and traces in the precision lesson
+# 00 recommends for it. Where that is fp32 (most CPUs, Apple GPUs), autocast still needs a
+# 16-bit dtype to show anything, so the lesson takes autocast's own default for the device
+# type: bfloat16 on a CPU, float16 on CUDA and MPS (`amp_lessons.trace.lesson_dtype`).
 
 # %%
+from amp_lessons.trace import lesson_dtype
+
 device = amp_lessons.pick_device().type
-dtype = torch.float16 if device == "cuda" else torch.bfloat16
+dtype = lesson_dtype(report)
 print(device, dtype)
 
 # %% [markdown]
@@ -99,7 +114,7 @@ print(device, dtype)
 # attribute each op to the module that ran it.
 #
 # The card's model again, as `amp_lessons.models.card_model()`, with the same batch
-# shapes. **Predict**: how many casts will autocast insert, and which ops will stay float32?
+# shapes. **Predict**: how many casts will autocast insert, and which ops will come out float32?
 
 # %%
 from amp_lessons.trace import example, trace_model
@@ -109,13 +124,22 @@ mlp_trace = trace_model(mlp, x, y, loss_fn, dtype=dtype)
 print(mlp_trace.table())
 
 # %% [markdown]
-# How to read it: `_to_copy` rows marked `cast` are the casts autocast inserted. Before each
-# `Linear`'s `addmm` it cast the float32 weight and bias to 16-bit, and for the first layer
-# the float32 input too (the shape column tells which is which); the matmul then ran in
-# 16-bit, and so did the `relu` that followed it. The loss started with a cast the
-# other way, logits back to float32, because `cross_entropy` is on autocast's float32 list:
-# `_log_softmax` and `nll_loss_forward` (the two halves of cross-entropy) ran in float32.
-# Rows marked `<- fp32` are computing ops whose result is float32.
+# How to read it. The `_to_copy` rows are casts, and the `cast` column says who inserted
+# them: `autocast`, or `explicit` for a cast the code wrote itself (such as `h.float()`).
+# Before each `Linear`'s `addmm`, autocast cast the float32 weight and bias to 16-bit, and
+# for the first layer the float32 input too (the shape column tells which is which); the
+# matmul then ran in 16-bit, and so did the `relu` that followed it. The last column marks
+# the computing ops whose result is float32, and says why:
+#
+# - `<- autocast fp32`: autocast made the op float32 (it cast the op's 16-bit input up, or
+#   asked the op for a float32 result);
+# - `<- already fp32`: autocast did nothing to this op; its inputs were float32 already.
+#
+# What the loss did depends on the device. On a CPU, `cross_entropy` is on autocast's
+# float32 list: autocast casts the 16-bit logits to float32 (the cast in the `(loss)` rows),
+# `_log_softmax` runs on that float32 copy, and `nll_loss_forward` (the second half of
+# cross-entropy) gets float32 from it. CUDA has no such entry for `cross_entropy`; a section
+# below traces what it does instead.
 #
 # Per module, the same trace:
 
@@ -123,7 +147,8 @@ print(mlp_trace.table())
 print(mlp_trace.summary())
 
 # %% [markdown]
-# In a notebook, the trace itself renders as a table with the float32 rows highlighted:
+# In a notebook, the trace itself renders as a table: orange rows are the ops autocast put in
+# float32, sand rows those that were float32 already, grey italics the casts.
 
 # %%
 mlp_trace
@@ -168,14 +193,16 @@ for op in ("addmm", "bmm", "_softmax", "gelu", "native_layer_norm", "add", "mse_
 # %% [markdown]
 # Three rules produce that list:
 #
-# 1. Ops on the **lower-precision list** (matmul, `linear`, `bmm`, convolutions) cast
-#    their float32 inputs to 16-bit and run in 16-bit.
-# 2. Ops on the **float32 list** (the losses on every device, more ops on CUDA, next
-#    section) cast their inputs to float32 and run in float32.
+# 1. Ops on the **lower-precision list** (matmul, `linear`, `bmm`, convolutions) get their
+#    float32 inputs cast to 16-bit and run in 16-bit.
+# 2. Ops on the **float32 list** (the losses on every device; more ops on CUDA, next section)
+#    get their 16-bit inputs cast to float32 (or are asked for a float32 result) and run in
+#    float32.
 # 3. Every other op runs in the dtype of its inputs, with ordinary type promotion when
 #    they differ. The residual `add` gets the block's float32 input plus a 16-bit branch,
-#    so its result is float32: that is type promotion, not autocast. It is also why both
-#    `layer_norm`s here got a float32 input (the block's input, then the residual sum).
+#    so its result is float32: that is type promotion, not autocast (`<- already fp32`). It
+#    is also why both `layer_norm`s here got a float32 input (the block's input, then the
+#    residual sum).
 #
 # Convolutions are on the lower-precision list with the matmuls. A `Conv2d` on a float32
 # image, traced on its own:
@@ -183,49 +210,161 @@ for op in ("addmm", "bmm", "_softmax", "gelu", "native_layer_norm", "add", "mse_
 # %%
 conv = nn.Conv2d(3, 8, 3).to(device)
 image = torch.randn(2, 3, 8, 8, device=device)
-print(trace_fn(partial(conv, image), device=device, dtype=dtype).oneline())
+print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 
 # %% [markdown]
 # ## CPU and CUDA keep different lists
 #
-# Each device type has its own autocast lists (in PyTorch's `autocast_mode.cpp`; there is
-# no public API that prints them, so tracing is the way to see them). The two that matter
-# most here:
+# Each device type has its own autocast lists, in PyTorch's `aten/src/ATen/autocast_mode.cpp`
+# and `autocast_mode.h`; PyTorch's AMP documentation prints the CUDA and CPU ones under
+# "Autocast Op Reference". No API returns them, so tracing is the way to see them. In short:
 #
-# - **CUDA** puts `softmax`, `log_softmax`, `layer_norm`, `group_norm`, `sum`, `exp`,
-#   `pow` and the losses on its float32 list: a 16-bit input is cast to float32 first.
-# - **CPU** puts the losses and linear algebra on its float32 list, but **not** `softmax`
-#   or `layer_norm`: they follow rule 3, so a 16-bit input stays 16-bit.
+# - **CUDA**'s float32 list holds `softmax`, `log_softmax`, `layer_norm`, `group_norm`,
+#   `sum`, `exp`, `pow`, the norms and the losses: a 16-bit input comes out float32.
+# - The **CPU**'s float32 list holds the losses and linear algebra, but **not** `softmax`,
+#   `log_softmax`, `layer_norm`, `group_norm` or `sum`: they follow rule 3, so a 16-bit input
+#   stays 16-bit.
 #
-# The block above cannot show this for `layer_norm`, whose input was float32. So trace the
-# ops alone, each once with a float32 input and once with a 16-bit input. **Predict** what
-# this device will print for the 16-bit inputs.
+# The block above cannot show the difference for `layer_norm`, whose input was float32
+# anyway. Single calls on a 16-bit input can, but this machine may have no GPU.
+#
+# ### Replaying CUDA's autocast here: `simulate=True`
+#
+# Autocast decides every cast in C++ before any kernel runs, from the op and its tensors'
+# device and dtype alone. So the tracer can replay a device it does not have: with `simulate=True` it
+# turns the tensors into `FakeTensor`s on `"cuda"` (a shape, a dtype and a device, but no
+# data), switches CUDA's autocast on, and records the same aten ops as before. Nothing is
+# computed, there is no backward pass, and every simulated trace says "(simulated)".
+#
+# Can a replay be trusted? On any device the tracer can run a call both ways, for real and
+# simulated, and compare them op by op. Here, for the lesson's three models (the exercise at
+# the end has the third) and 17 single calls:
 
 # %%
-z = torch.randn(4, 64, device=device)
-layer_norm = nn.LayerNorm(64).to(device)
-probes = {"softmax": partial(torch.softmax, dim=-1), "layer_norm": layer_norm, "relu": torch.relu}
-for name, op in probes.items():
-    for src in (z, z.to(dtype)):
-        t = trace_fn(partial(op, src), device=device, dtype=dtype)
-        print(f"{name:<10} input {short(src.dtype)}:  {t.oneline()}")
+from amp_lessons.trace import simulation_verdicts
+
+for verdict in simulation_verdicts(device, [dtype]):
+    print(verdict)
 
 # %% [markdown]
-# On a CPU, a 16-bit input gives a 16-bit `_softmax` and `native_layer_norm`, exactly like
-# `relu`, which is on no list. On a CUDA GPU the same cell shows a `_to_copy->fp32` in front
-# of `_softmax` and `native_layer_norm` and a float32 result, while `relu` stays 16-bit.
-# On this device:
+# On a CPU this checks the replay machinery against the CPU's own autocast; on a CUDA GPU it
+# checks the CUDA replay against the real thing (`make gpu-check` does it for both 16-bit
+# dtypes).
+#
+# Now single calls, each on this device and replayed on CUDA, side by side (`x` is a 16-bit
+# activation; the other inputs are described in the first line). **Predict** which of them
+# CUDA will run in float32.
 
 # %%
-softmax_16 = trace_fn(partial(torch.softmax, z.to(dtype), dim=-1), device=device, dtype=dtype)
-kept = softmax_16.result.dtype == torch.float32
-print(f"on {device}, softmax of a {short(dtype)} input ran in {short(softmax_16.result.dtype)}:",
-      "autocast cast it to float32" if kept else "it is not on this device's float32 list")
+from amp_lessons.trace import PROBE_INPUTS, probe_table
+
+print(PROBE_INPUTS)
+print(probe_table(["relu(x)", "softmax(x)", "log_softmax(x)", "layer_norm(x)", "group_norm(x)"], dtype))
 
 # %% [markdown]
-# So the same model computes its attention weights in float32 on a GPU and in 16-bit on a
-# CPU. If a softmax or a normalization must be float32 on every device, say so explicitly
-# (the `enabled=False` section below shows how).
+# In a `cpu` column, a 16-bit input gives a 16-bit `_softmax`, `_log_softmax`,
+# `native_layer_norm` and `native_group_norm`, exactly like `relu`, which is on no list. In
+# the `cuda` columns the four come out float32, while `relu` stays 16-bit.
+#
+# Does CUDA always insert a `_to_copy` first? Not for every op and dtype. With float16,
+# autocast asks `softmax` and `log_softmax` for a float32 result (it sets the op's `dtype=`
+# argument), and CUDA's kernels read float16 and write float32 in one step. `layer_norm`
+# has no such argument, so its input is cast first. With bfloat16, all three get a cast.
+# The trace, for both 16-bit dtypes:
+
+# %%
+cuda_columns = ["cuda", "cuda (simulated)"] if device == "cuda" else ["cuda (simulated)"]
+for d in (torch.bfloat16, torch.float16):
+    print(probe_table(["softmax(x)", "log_softmax(x)", "layer_norm(x)"], d, cuda_columns), "\n")
+
+# %% [markdown]
+# The same transformer block, on this device and replayed on CUDA:
+
+# %%
+cuda_block = trace_example("TransformerBlock", dtype, "cuda", simulate=True)
+op_dtypes([block_trace, cuda_block])
+
+# %% [markdown]
+# On CUDA the `_softmax` inside the attention is orange: the block computes its attention
+# weights in float32 there. In a `cpu` panel the same op is blue, 16-bit. If a softmax or a
+# normalization must be float32 on every device, say so explicitly (the `enabled=False`
+# section below shows how).
+#
+# ## The loss on CUDA, and the calls autocast skips
+#
+# CUDA's lists have no entry for `cross_entropy`. It decomposes: PyTorch computes
+# `log_softmax(x, 1, dtype=x.dtype)`, then `nll_loss`. `log_softmax` is on CUDA's float32
+# list, yet here autocast leaves it alone, because the call names its own dtype; `nll_loss`
+# is on the list too, so its input is cast to float32. **Predict** the CUDA column for the
+# three calls below.
+
+# %%
+print(probe_table(["cross_entropy(x, y)", "log_softmax(x)", "softmax(x, dtype=x.dtype)"], dtype))
+
+# %% [markdown]
+# The loss itself is float32 on both devices, as the card says; on CUDA its `_log_softmax`
+# ran in 16-bit. The rule behind it is in PyTorch's autocast documentation ("Op
+# Eligibility"). Autocast skips:
+#
+# - calls that pass an explicit `dtype=` (the output respects it);
+# - in-place ops (`x.exp_()`, `c.addmm_(a, b)`) and calls with `out=`;
+# - float64 tensors, and tensors that are not floating point.
+#
+# Each, traced next to the call that autocast does handle:
+
+# %%
+print(probe_table(["mm(a, b)", "mm(a, b, out=c)", "addmm(c, a, b)", "c.addmm_(a, b)",
+                   "mm(a64, b64)", "exp(x)", "x.exp_()"], dtype))
+
+# %% [markdown]
+# ## "Reductions stay float32"?
+#
+# The card says reductions are kept in float32. **Predict**: what do `sum` and `mean` of a
+# 16-bit tensor produce?
+
+# %%
+print(probe_table(["sum(x)", "mean(x)"], dtype))
+
+# %% [markdown]
+# On CUDA, `sum` is on the float32 list (so are `prod`, `cumsum` and the norms) and comes out
+# float32, with no separate cast (autocast sets its `dtype=`). `mean` is on no list and stays
+# 16-bit. On a CPU both stay 16-bit; of the common reductions only `prod` is on the CPU's
+# float32 list. A trace shows the dtype each op returns, not how its kernel accumulates
+# inside.
+#
+# ## The CUDA statements, checked
+#
+# Every statement this lesson makes about CUDA, as verdicts on CUDA traces: replayed here, or
+# real on a CUDA GPU. `make gpu-check` runs them on both 16-bit dtypes, and compares the
+# replay with the real traces.
+
+# %%
+from amp_lessons.trace import statement_verdicts
+
+for verdict in statement_verdicts(device, [dtype]):
+    print(verdict)
+
+# %% [markdown]
+# ## Apple GPUs (MPS)
+#
+# What is known: PyTorch added autocast on MPS for float16 in release 2.5
+# ([pytorch#99272](https://github.com/pytorch/pytorch/pull/99272)) and for bfloat16 in 2.6
+# ([pytorch#139390](https://github.com/pytorch/pytorch/pull/139390)), which needs macOS 14
+# or later. Its lists are in the same `autocast_mode.cpp` (the `AutocastMPS` block):
+# matmuls and convolutions run 16-bit, and `softmax`, `log_softmax`, `layer_norm`,
+# `group_norm`, `sum`, `exp` and the losses are on its float32 list, as on CUDA. This course
+# has not been run on Apple hardware; the column below replays the lists of the torch
+# installed here, on FakeTensors, and is labelled simulated.
+
+# %%
+mps_columns = [device, "mps (simulated)"]
+print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "cross_entropy(x, y)"],
+                  dtype, mps_columns))
+
+# %% [markdown]
+# In the replay every op on the MPS float32 list gets a separate cast, with no `dtype=`
+# shortcut: autocast casts `log_softmax`'s input to float32 even when `cross_entropy` names
+# its dtype, and the named dtype then casts it back.
 #
 # ## Weights and gradients stay float32; backward runs outside
 #
@@ -402,7 +541,7 @@ print(trace_fn(partial(Float32Matmul.apply, a.detach().to(dtype), b.detach()),
 # ## Try it: the traced table, live
 #
 # Pick a model and a 16-bit dtype (and a device, where this machine has more than one);
-# the table is traced again on every click. Rows marked `<- fp32` stayed float32.
+# the table is traced again on every click.
 
 # %%
 from amp_lessons.widgets import autocast_explorer
@@ -422,12 +561,17 @@ print(autocast_table("card_model", "fp16", "cpu").split("\n\n")[0])
 # ## Remember
 #
 # - `torch.autocast(device, dtype)` wraps the forward pass and the loss. Inside it, matmuls
-#   and convolutions ran in 16-bit; the losses ran in float32 (the traces above).
+#   and convolutions ran in 16-bit; the losses came out float32 (the traces above).
 # - Autocast never converts the model: it casts each float32 weight to 16-bit as an op uses
 #   it (the `_to_copy` rows). Parameters and their `.grad` stayed float32.
-# - Each device has its own lists. On CUDA, softmax and layer_norm run in float32; on a CPU
-#   they follow their input, so a 16-bit input stays 16-bit. Ops on no list follow their
-#   inputs, with type promotion (the residual `add` came out float32).
+# - Each device type has its own lists. On CUDA, softmax, log_softmax, layer_norm, group_norm
+#   and sum come out float32; on a CPU they follow their input, so a 16-bit input stays
+#   16-bit. Ops on no list follow their inputs, with type promotion (the residual `add`
+#   came out float32 because its input was float32 already, not because of autocast).
+# - Autocast skips calls with an explicit `dtype=`, in-place ops, `out=` and float64. That is
+#   why CUDA runs `cross_entropy`'s log-softmax in 16-bit: it passes `dtype=x.dtype`.
+# - "Reductions stay float32" is true on CUDA for `sum`, not for `mean`, and on a CPU for
+#   neither.
 # - Call `backward()` outside the context. Custom autograd functions get
 #   `torch.amp.custom_fwd(device_type=...)` and `torch.amp.custom_bwd(device_type=...)`.
 #
@@ -437,22 +581,25 @@ print(autocast_table("card_model", "fp16", "cpu").split("\n\n")[0])
 #   stay 16-bit, so call `.float()` on them, or get a dtype-mismatch error.
 # - A custom function whose `backward` only works when `backward()` is called inside the
 #   context has a latent dtype bug; `custom_bwd` fixes it.
-# - What runs in 16-bit depends on the device: trace on the device you train on (the widget
-#   above offers every device this machine has).
+# - What runs in 16-bit depends on the device: trace on the device you train on, or replay
+#   it with `simulate=True` (`trace_model(..., device="cuda", simulate=True)`), which is a
+#   replay of the lists, not a run.
+# - The card's example uses float16 on every GPU; on an Ampere-or-newer GPU lesson 00
+#   recommends bfloat16, which needs no scaler.
 #
 # ## Exercise: predict the dtype
 #
 # A small convolutional net, traced under autocast with this lesson's dtype on this device.
-# For each op below, predict the dtype of its output (`"fp32"`, `"bf16"` or `"fp16"`),
-# replace the `"?"`s, and run the two cells. Reason with this device's lists and rule 3:
-# an op on no list takes the dtype of its input. `_log_softmax` is the `LogSoftmax`
-# module; `nll_loss_forward` is the loss.
+# For each op below, predict the dtype of its output (`"fp32"`, `"bf16"` or `"fp16"`; TF32 is
+# a matmul mode, not a dtype), replace the `"?"`s, and run the two cells. Reason with the
+# three rules and this device's lists. `_log_softmax` is the `LogSoftmax` module;
+# `nll_loss_forward` is the loss. The net, layer by layer:
 
 # %%
 from amp_lessons.exercises import check_dtype_predictions, dtype_exercise
 
 net, images, labels, nll = dtype_exercise(device)
-net
+print(" -> ".join(type(layer).__name__ for layer in net), "| loss:", nll.__name__)
 
 # %%
 predictions = {
@@ -463,9 +610,15 @@ predictions = {
     "nll_loss_forward": "?",
 }
 
+# %% [markdown]
+# A wrong prediction gets the rule that decided that op, as a question, not the answer; pass
+# `reveal=True` to see what each op ran in.
+
 # %%
 check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype=dtype))
 
 # %% [markdown]
 # When all five are right, print the trace's table (`trace_model(...).table()`) and find
-# the rows that made each answer.
+# the rows that made each answer. Then predict again for CUDA, and check against the replay:
+# `trace_model(net, images, labels, nll, dtype=dtype, device="cuda", simulate=True)`. Not
+# every answer is the same as on a CPU.
