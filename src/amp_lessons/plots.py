@@ -56,28 +56,38 @@ def format_ranges(names=None, values=None):
     return fig
 
 
-def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_per_octave: int = 4):
+def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_per_octave: int = 4,
+                       max_scale: float = 2.0**24):
     """01: the histogram of log2|value| (nonzero values, times ``scale``) under a strip of
     each format's subnormal (light) and normal (dark) band, with the narrowest format's
     regions shaded behind the bars: flushed to zero (red), subnormal (yellow), overflow
     (purple). The title says which share each format flushes to zero (and overflows).
+
+    The x-axis spans the values at every scale from 1 to ``max_scale`` (01's slider goes
+    to 2^24), so figures of the same values at different scales share one axis: the bars
+    slide, the formats' bands stay put.
     """
     import math
 
     import numpy as np
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     from .formats import check_scale, format_info, scaled_census
 
     scale = check_scale(scale)
-    mags = values.detach().cpu().abs().flatten().double() * scale
-    logs = np.log2(mags[mags > 0].numpy())
+    unscaled = values.detach().cpu().abs().flatten().double()
+    unscaled = unscaled[unscaled > 0]
+    logs = np.log2((unscaled * scale).numpy())
     fmts = [format_info(n) for n in names]
     narrow = min(fmts, key=lambda f: f.max)
     cuts = [math.log2(narrow.flush_below), math.log2(narrow.normal_from), math.log2(narrow.overflow_from)]
-    lo = math.floor(min(logs.min() if logs.size else cuts[0], cuts[0] - 2)) - 1
-    hi = math.ceil(max(logs.max() if logs.size else cuts[2], cuts[2] + 2)) + 1
-    fig, (top, ax) = plt.subplots(2, 1, sharex=True, figsize=(9, 4.4),
+    # the axis holds the values at every scale from min(1, scale) to max(scale, max_scale)
+    small, large = ((math.log2(unscaled.min().item()), math.log2(unscaled.max().item()))
+                    if unscaled.numel() else (cuts[0], cuts[2]))
+    lo = math.floor(min(small + math.log2(min(1.0, scale)), cuts[0] - 2)) - 1
+    hi = math.ceil(max(large + math.log2(max(scale, check_scale(max_scale))), cuts[2] + 2)) + 1
+    fig, (top, ax) = plt.subplots(2, 1, sharex=True, figsize=(9, 4.8), layout="constrained",
                                   gridspec_kw={"height_ratios": [0.25 * len(fmts), 3]})
     for i, f in enumerate(fmts):
         y = len(fmts) - 1 - i
@@ -93,15 +103,25 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
     counts, edges = np.histogram(logs, bins=np.arange(lo, hi + 1e-9, 1 / bins_per_octave))
     ax.stairs(np.maximum(counts, 0.5), edges, fill=True, baseline=0.5, color="0.3")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))  # 1, 10, 100: plain text
+    ax.yaxis.set_minor_locator(NullLocator())  # no 2..9 ticks between the decades
     ax.set_ylim(0.7, None)
     ax.set_xlim(lo, hi)
     k = math.log2(scale)
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
     ax.set_xlabel("log2 |gradient|" + ("" if scale == 1 else f" after the loss scale {label}"))
     ax.set_ylabel("gradient values per bin\n(log scale)")
-    ax.legend(handles=[Patch(color=_REGION[k], alpha=0.4, label=f"{narrow.name}: {k}")
-                       for _, _, k in regions], loc="upper left", bbox_to_anchor=(1.0, 1.0),
-              fontsize=8, frameon=False)
+    # Where each region starts, in the prose's notation. fp16's strip starts at its smallest
+    # subnormal, 2^-24, but only values up to 2^-25 flush: those between round up to 2^-24.
+    p2 = lambda v: f"2^{math.log2(v):g}"  # noqa: E731
+    tiny, edge = p2(narrow.smallest_subnormal), p2(narrow.flush_below)
+    spans = {"flushed": f"flushed to 0: up to {edge}",
+             "subnormal": f"subnormal: above {edge} to {p2(narrow.smallest_normal)}\n"
+                          f"(above {edge}, below {tiny}: rounds up to {tiny})",
+             "overflow": f"overflow to inf: from {narrow.overflow_from:g}"}
+    fig.legend(handles=[Patch(color=_REGION[k], alpha=0.4, label=f"{narrow.name} {spans[k]}")
+                        for _, _, k in regions], loc="outside lower center", ncol=3,
+               fontsize=9, frameon=False)
     census = [scaled_census(values, f.name, scale) for f in fmts]
     first, *rest = census
     title = ("" if scale == 1 else f"loss scale {label}: ") + (
@@ -228,12 +248,15 @@ def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=
     """
     import math
 
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
     from .scaling import scale_changes
 
     steps, scales = history["step"], history["scale"]
     end = final_scale if final_scale is not None else scales[-1]
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 3.4))
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(9, 3.4), layout="constrained")
     else:
         fig = ax.figure
     ax.step([*steps, steps[-1] + 1], [*scales, end], where="post", color="#4c78a8", lw=1.6,
@@ -245,17 +268,24 @@ def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=
     for i, step in enumerate(s for s in injected if 0 <= s < len(history)):
         ax.axvline(step, color="0.4", ls=":", lw=1, label="inf injected" if i == 0 else None)
     ax.set_yscale("log", base=2)
-    low, high = math.log2(min(*scales, end)), math.log2(max(*scales, end))
-    ax.set_ylim(2 ** (low - 1), 2 ** (high + 1))
+    low, high = math.floor(math.log2(min(*scales, end))), math.ceil(math.log2(max(*scales, end)))
+    # Ticks at whole powers of two strictly inside the axes, labelled as plain text "2^k"
+    # (no mathtext: the same notation as the prose, and quick to draw in the widget); none
+    # sits on the top edge, where its label would run into the title.
+    ax.set_ylim(2 ** (low - 0.7), 2 ** (high + 0.7))
+    every = max(1, math.ceil((high - low + 1) / 8))
+    ax.yaxis.set_major_locator(FixedLocator([2.0**k for k in range(low, high + 1, every)]))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"2^{math.log2(v):g}"))
     ax.set(xlabel="optimizer step", ylabel="loss scale (log2 axis)")
-    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)
     grew = sum(kind == "grew" for _, kind, _, _ in scale_changes(history, end))
-    every = f" (every {growth_interval} clean steps)" if growth_interval else ""
+    interval = f" (every {growth_interval} clean steps)" if growth_interval else ""
     ax.set_title(f"{len(skipped)} of {len(history)} steps skipped, each halving the scale; it grew "
-                 f"{grew} times{every}; now 2^{math.log2(end):g}", fontsize=10)
+                 f"{grew} times{interval}; now 2^{math.log2(end):g}", fontsize=10, pad=8)
     ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
+    if own:
+        plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
 
 
@@ -263,48 +293,54 @@ def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=
 
 
 def clipping_runs(runs: dict, max_norm: float):
-    """04: the same training run clipped three ways, step by step, in three panels.
+    """04: the same training run clipped three ways, step by step, in three stacked panels.
 
     ``runs`` maps a label to a :class:`amp_lessons.training.History` of a clipped run; the
-    first is the reference. Left: the norm the clip saw, against ``max_norm``. Middle: the
+    first is the reference. Top: the norm the clip saw, against ``max_norm``. Middle: the
     norm of the (unscaled) gradient the optimizer applied, with each run's effective
     threshold (``max_norm`` over the scale when the clip ran before ``unscale_``) dashed.
-    Right: the loss. The title compares the run with the smallest updates to the reference.
+    Bottom: the loss. One column at 9 inches, legends beside the panels in 9 pt (the runs
+    named once, at the top; their colours carry on below), so the figure reads at
+    JupyterLab's width. The title compares the run with the smallest
+    updates to the reference (float-kernel figures, marked ``≈``).
     """
     import statistics
 
+    from .claims import measured
     from .clipping import measured_thresholds
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8.6), layout="constrained")
     colors = ["#4c78a8", "#54a24b", "#e45756", "#b279a2", "#f58518"]
     for i, ((label, h), color) in enumerate(zip(runs.items(), colors)):
         steps = h["step"]
         # the reference wide and pale underneath, so a run that tracks it stays visible on top
-        style = dict(color=color, lw=4, alpha=0.4) if i == 0 else dict(color=color, lw=1.2)
+        style = dict(color=color, lw=4, alpha=0.4) if i == 0 else dict(color=color, lw=1.4)
         axes[0].plot(steps, h["clip_seen_norm"], label=label, **style)
-        axes[1].plot(steps, h["applied_norm"], label=label, **style)
+        axes[1].plot(steps, h["applied_norm"], label="_" + label, **style)  # named in the top legend
         threshold = statistics.median(measured_thresholds(h, max_norm))
         axes[1].axhline(threshold, color=color, ls="--", lw=1,
-                        label=f"its threshold {threshold:.3g}")
-        axes[2].plot(steps, h["loss"], label=label, **style)
+                        label=f"threshold {threshold:.3g}")
+        axes[2].plot(steps, h["loss"], label="_" + label, **style)
     axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
-    axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip compared",
+    axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip\ncompared (log axis)",
                 title="what clip_grad_norm_ saw")
-    axes[1].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm of the applied gradient",
+    axes[1].set(yscale="log", xlabel="optimizer step",
+                ylabel="L2 norm of the applied\ngradient (log axis)",
                 title="what the optimizer applied (unscaled)")
-    axes[2].set(xlabel="optimizer step", ylabel="training loss (cross-entropy, nats)",
+    axes[2].set(xlabel="optimizer step", ylabel="training loss\n(cross-entropy, nats)",
                 title="loss")
+    for ax in axes[:2]:  # the runs and max_norm; each run's threshold, in its colour
+        ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for ax in axes:
-        ax.legend(fontsize=7, frameon=False)
+        ax.spines[["top", "right"]].set_visible(False)
     labels = list(runs)
     ref = runs[labels[0]]
     worst = min(labels, key=lambda k: statistics.median(runs[k]["applied_norm"]))
     ratio = statistics.median(ref["applied_norm"]) / statistics.median(runs[worst]["applied_norm"])
     tail = max(1, len(ref) // 10)
-    fig.suptitle(f"{worst}: updates {ratio:,.0f}x smaller than {labels[0]}'s; loss after "
-                 f"{len(ref)} steps {statistics.fmean(runs[worst]['loss'][-tail:]):.2f} vs "
-                 f"{statistics.fmean(ref['loss'][-tail:]):.2f}", fontsize=11)
-    fig.tight_layout()
+    fig.suptitle(f"{worst}: updates {measured(ratio, ',.0f')}x smaller than {labels[0]}'s; loss after "
+                 f"{len(ref)} steps {measured(statistics.fmean(runs[worst]['loss'][-tail:]), '.2f')} vs "
+                 f"{measured(statistics.fmean(ref['loss'][-tail:]), '.2f')}", fontsize=11)
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
 
