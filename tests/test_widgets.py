@@ -9,6 +9,7 @@ so it uses only what both 7.7 and 8 provide: ``.children``, ``.value``, ``.descr
 from __future__ import annotations
 
 import html
+import math
 import os
 import re
 from pathlib import Path
@@ -113,6 +114,54 @@ def test_live_accepts_another_layout():
     assert shown_text(box) == "q"
 
 
+def test_live_shows_the_busy_cue_while_render_runs_and_clears_it():
+    n = W.IntSlider(value=1, min=0, max=5, description="n")
+    cues = []
+    box = None
+
+    def render():  # reads the cue while it runs, as the browser would see it
+        cues.append(box.busy.value if box is not None else "(building)")
+        return f"n={n.value}"
+
+    box = widgets.live([n], render, busy="training 40 steps <fast>")
+    assert list(box.children) == [n, box.busy, box.view, box.error]
+    assert "amp-busy" in box.busy._dom_classes and box.busy.value == ""
+    n.value = 3
+    assert "training 40 steps &lt;fast&gt;" in cues[-1]  # shown while render ran, escaped
+    assert box.busy.value == "" and shown_text(box) == "n=3"  # and cleared after the redraw
+
+
+def test_live_clears_the_busy_cue_when_render_raises():
+    n = W.IntSlider(value=1, min=0, max=5, description="n")
+
+    def render():
+        if n.value == 0:
+            raise ValueError("no zero")
+        return f"n={n.value}"
+
+    box = widgets.live([n], render, busy="working")
+    with pytest.raises(ValueError):
+        n.value = 0
+    assert box.busy.value == "" and "no zero" in box.error.value
+
+
+def test_live_without_a_cue_has_none():
+    box = widgets.live([], lambda: "x")
+    assert box.busy is None and list(box.children) == [box.view, box.error]
+
+
+def test_png_of_a_laid_out_figure_is_saved_as_laid_out():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 2), layout="constrained")
+    ax.set_title("a title")
+    png = widgets.png_of(fig, dpi=50)
+    assert png.startswith(PNG)
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (200, 100)  # the figure's own size: not cropped
+    assert fig.number not in plt.get_fignums()
+
+
 # --- 00_start_here ---------------------------------------------------------------------
 
 
@@ -153,6 +202,26 @@ def test_precision_picker_starts_where_asked():
     assert shown_text(box) == widgets.describe_precision("fp16", "cpu")
 
 
+@pytest.mark.parametrize("alias", ["half", "float16", "FP16", torch.float16])
+def test_describe_precision_reads_names_as_parse_precision_does(alias):
+    assert widgets.describe_precision(alias, "cpu") == widgets.describe_precision("fp16", "cpu")
+    box = widgets.precision_picker(device="cpu", value=alias)
+    assert control(box, "precision").value == "fp16"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda: widgets.describe_precision("fp61", "cpu"), "precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"),
+     (lambda: widgets.precision_picker("cpu", value="fp61"), "precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"),
+     (lambda: widgets.precision_picker("tpu"), "device must be one of"),
+     (lambda: widgets.precision_picker("cuda:7" if not torch.cuda.is_available() else "cuda:99"), "was requested")],
+)  # fmt: skip
+def test_00_bad_arguments_say_what_is_accepted(call, message):
+    with pytest.raises(Exception, match=re.escape(message)) as err:
+        call()
+    assert "TraitError" not in type(err.value).__name__
+
+
 # --- 01_number_formats -----------------------------------------------------------------
 
 
@@ -169,6 +238,53 @@ def test_parse_number_says_what_to_type():
     parse_number = lesson_function("parse_number")
     with pytest.raises(ValueError, match="type a number such as 1e-4"):
         parse_number("one")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("2^1024", "type a power of two from 2^-1074 to 2^1023"),
+     ("2**-1075", "type a power of two from 2^-1074 to 2^1023"),
+     ("1e400", "beyond float64's largest value (about 1.8e308)"),
+     ("-1e309", "beyond float64's largest value"),
+     ("1e-400", "below float64's smallest value (2^-1074, about 4.9e-324)")],
+)  # fmt: skip
+def test_parse_number_refuses_what_float64_cannot_hold_and_says_the_range(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        widgets.parse_number(text)
+
+
+def test_parse_number_keeps_float64s_own_extremes():
+    assert widgets.parse_number("2^1023") == 2.0**1023 and widgets.parse_number("2^-1074") == 2.0**-1074
+    assert widgets.parse_number("-inf") == -math.inf and math.isnan(widgets.parse_number("nan"))
+    assert widgets.parse_number("0") == 0.0 and widgets.parse_number("-0.000") == 0.0
+
+
+def test_format_explorer_shows_the_range_for_2_to_the_1024_in_place_of_an_error():
+    box = widgets.format_explorer("0.1", "fp16")
+    control(box, "value").value = "2^1024"
+    assert shown_text(box).startswith("2^1024 is out of range: type a power of two from 2^-1074")
+    assert box.error.value == ""  # not a red OverflowError
+    control(box, "value").value = "2^15"
+    assert shown_text(box) == widgets.value_in_format("2^15", "fp16")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda: widgets.format_explorer("1", "fp61"), "format must be one of fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2; got 'fp61'"),
+     (lambda: widgets.loss_scale_explorer([1e-6, 2e-7]), "grads must be a non-empty floating-point tensor"),
+     (lambda: widgets.loss_scale_explorer(torch.ones(3), exponent=30), "exponent must be a whole number from 0 to 24"),
+     (lambda: widgets.loss_scale_explorer(torch.ones(3), exponent=1.5), "exponent must be a whole number from 0 to 24"),
+     (lambda: widgets.loss_scale_explorer(torch.ones(3), max_exponent=99), "max_exponent must be a whole number from 1 to 40"),
+     (lambda: widgets.loss_scale_explorer(torch.ones(3), max_exponent=True), "max_exponent must be a whole number")],
+)  # fmt: skip
+def test_01_bad_arguments_say_what_is_accepted(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+def test_format_explorer_takes_aliases_and_dtypes():
+    assert control(widgets.format_explorer("1", torch.bfloat16), "format").value == "bf16"
+    assert control(widgets.format_explorer("1", "e4m3"), "format").value == "fp8_e4m3"
 
 
 def test_value_in_format_against_torch():
@@ -225,6 +341,46 @@ def test_loss_scale_explorer_table_and_histogram_follow_the_slider():
     assert shown_png(box.histogram) != png
 
 
+def _histogram_axes(fig):
+    return fig.axes[1]  # under the formats' strip
+
+
+def test_histogram_axis_stays_put_across_scales_so_the_bars_slide():
+    from amp_lessons.plots import gradient_histogram
+
+    g = torch.Generator().manual_seed(1)
+    grads = torch.randn(3000, generator=g) * 2.0 ** torch.randint(-36, -6, (3000,), generator=g)
+    limits = {k: _histogram_axes(gradient_histogram(grads, 2.0**k)).get_xlim() for k in (0, 8, 16, 24)}
+    assert len(set(limits.values())) == 1, limits  # one axis for every scale up to 2^24
+    lo, hi = limits[0]
+    logs = grads[grads != 0].abs().double().log2()
+    assert lo <= logs.min().item() and logs.max().item() + 24 <= hi  # holds the bars at 2^0 and 2^24
+
+    def heights(k):  # the bars' heights, bin by bin over the shared axis (4 bins per octave)
+        stairs = [p for p in _histogram_axes(gradient_histogram(grads, 2.0**k)).patches
+                  if type(p).__name__ == "StepPatch"]
+        return list(stairs[0].get_data().values)
+
+    at_1, at_256 = heights(0), heights(8)
+    assert len(at_1) == len(at_256) and at_1 != at_256
+    assert at_256[32:] == at_1[:-32]  # a scale of 2^8 slides every bar 8 octaves right, nothing else
+    # beyond the axis's reach the axis grows rather than drop bars
+    assert gradient_histogram(grads, 2.0**30).axes[1].get_xlim()[1] >= logs.max().item() + 30
+
+
+def test_loss_scale_explorer_histogram_keeps_its_axis_as_the_slider_moves():
+    g = torch.Generator().manual_seed(2)
+    grads = torch.randn(2000, generator=g) * 2.0 ** torch.randint(-30, -8, (2000,), generator=g)
+    box = widgets.loss_scale_explorer(grads, max_exponent=12)
+    from amp_lessons.plots import gradient_histogram
+
+    first = gradient_histogram(grads, 1.0, max_scale=2.0**12)
+    last = gradient_histogram(grads, 2.0**12, max_scale=2.0**12)
+    assert _histogram_axes(first).get_xlim() == _histogram_axes(last).get_xlim()
+    box.slider.value = 2.0**12
+    assert shown_png(box.histogram) == _png_of(lambda: gradient_histogram(grads, 2.0**12, max_scale=2.0**12))
+
+
 def test_loss_scale_explorer_without_histogram():
     explorer = lesson_function("loss_scale_explorer")
     box = explorer(torch.full((10,), 1e-6), exponent=3, max_exponent=8, histogram=False)
@@ -266,6 +422,20 @@ def test_autocast_explorer_takes_the_notebooks_dtype():
     explorer = lesson_function("autocast_explorer")
     box = explorer("cpu", precision=torch.float16)
     assert control(box, "dtype").value == "fp16"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda: widgets.autocast_explorer("cpu", precision="fp32"), "needs a 16-bit precision: bf16 (bfloat16) or fp16 (float16); got 'fp32'"),
+     (lambda: widgets.autocast_explorer("cpu", precision="fp61"), "precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"),
+     (lambda: widgets.autocast_explorer("cpu", model="resnet"), "model must be one of card_model, TransformerBlock; got 'resnet'"),
+     (lambda: widgets.autocast_explorer("tpu"), "device must be one of"),
+     (lambda: widgets.autocast_table("resnet", "bf16", "cpu"), "model must be one of card_model, TransformerBlock"),
+     (lambda: widgets.autocast_table("card_model", "tf32", "cpu"), "needs a 16-bit precision")],
+)  # fmt: skip
+def test_02_bad_arguments_say_what_is_accepted(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
 
 
 # --- 03_grad_scaler --------------------------------------------------------------------
@@ -351,6 +521,70 @@ def test_scale_explorer_reruns_and_redraws_on_each_control():
         png = shown_png(box)
         assert png not in seen, f"{c.description} did not redraw"
         seen.add(png)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"growth_interval": 0, "inject_at": 99}, "growth_interval must be a whole number from 1 to 40 (the run's steps, 40"),
+     ({"inject_at": 99}, "inject_at must be a whole number from -1 to 39 (-1: no inf; else a step of the 40-step run"),
+     ({"inject_at": -2}, "inject_at must be a whole number from -1 to 39"),
+     ({"growth_interval": 2000}, "growth_interval must be a whole number from 1 to 40"),
+     ({"init_exponent": 25}, "init_exponent must be a whole number from 0 to 24"),
+     ({"init_exponent": 16.0}, "init_exponent must be a whole number from 0 to 24"),
+     ({"steps": 0}, "steps must be a whole number from 1 to 200"),
+     ({"steps": 10, "inject_at": 10}, "inject_at must be a whole number from -1 to 9"),
+     ({"device": "tpu"}, "device must be one of")],
+)  # fmt: skip
+def test_scale_explorer_refuses_settings_out_of_range_instead_of_clamping(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        widgets.scale_explorer(**kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        widgets.scale_figure(**{"inject_at": 25, **kwargs})
+
+
+def test_scale_explorer_sliders_span_what_the_run_accepts():
+    box = widgets.scale_explorer(init_exponent=0, growth_interval=12, inject_at=-1, steps=12)
+    assert (box.growth_interval.min, box.growth_interval.max) == (1, 12)
+    assert (box.inject_at.min, box.inject_at.max) == (-1, 11)
+    assert (box.init_scale.value, box.growth_interval.value, box.inject_at.value) == (0, 12, -1)
+
+
+def test_scale_explorer_shows_a_busy_cue_while_it_trains():
+    box = widgets.scale_explorer(steps=8, growth_interval=5, inject_at=-1, device="cpu")
+    assert box.busy is not None and box.busy.value == ""
+    seen = []
+    box.busy.observe(lambda change: seen.append(change["new"]), names="value")
+    box.growth_interval.value = 3
+    assert len(seen) == 2 and "training 8 fp16 steps" in seen[0] and seen[1] == ""
+
+
+def test_the_scale_run_is_cached_and_matches_scale_run():
+    from amp_lessons.scaling import scale_run
+
+    widgets._scale_run.cache_clear()
+    fast, fast_final = widgets._scale_run(4, 3, 7, 12, "cpu")
+    slow, slow_final = scale_run(2.0**4, 3, 7, 12, "cpu")
+    assert fast["scale"] == slow["scale"] and fast["skipped"] == slow["skipped"]
+    assert fast["loss"] == slow["loss"] and fast_final == slow_final  # the same run, bit for bit
+    assert widgets._scale_run(4, 3, 7, 12, "cpu")[0] is fast  # a setting seen before: no rerun
+    assert widgets._scale_run.cache_info().hits == 1
+
+
+def test_scale_plot_keeps_tick_labels_off_the_title():
+    fig = widgets.scale_figure(16, 10, 25, 40, "cpu")
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    ticks = [t for t in ax.get_yticks() if low <= t <= high]
+    assert ticks and max(ticks) < high / 2**0.5  # the top tick sits well inside the axes
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(re.fullmatch(r"2\^-?\d+", text) for text in labels), labels  # plain "2^k"
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the figure was let go of by pyplot: draw it on its own canvas
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    title = ax.title.get_window_extent(renderer)
+    assert all(t.get_window_extent(renderer).y1 < title.y0 for t in ax.get_yticklabels() if t.get_text())
 
 
 # --- the API both ipywidgets 7.7.1 (Colab) and 8 provide ---------------------------------
