@@ -126,6 +126,26 @@ for x, y in loader:
     opt.zero_grad()
 """
 
+NANOGPT_STEP = """
+scaler = torch.amp.GradScaler("cuda", enabled=(dtype == "float16"))
+while True:
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = get_lr(iter_num)
+    for micro_step in range(gradient_accumulation_steps):
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps
+        X, Y = get_batch("train")
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+"""
+
 
 def exercise_solution(models, optimizers, schedulers, batches):
     scaler = torch.amp.GradScaler("cpu")
@@ -162,6 +182,7 @@ CORRECT = {
     "scheduler stepped per epoch": lambda: EPOCH_SCHEDULER,
     "bf16 without a scaler": lambda: BF16_NO_SCALER,
     "several losses, one step": lambda: SEVERAL_LOSSES,
+    "nanoGPT's loop, torch.amp spelling": lambda: NANOGPT_STEP,
     "06's exercise, solved": lambda: exercise_solution,
 }
 

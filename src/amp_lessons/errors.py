@@ -8,9 +8,9 @@ its mistake, each fix has none.
 
 Two messages belong to CUDA: ``binary_cross_entropy`` is refused by CUDA autocast (CPU
 autocast runs it in float32), and bf16 on a T4 is emulated. On a machine without CUDA the
-first is *replayed*: CUDA autocast's real dispatch runs on fake CUDA tensors
-(``FakeTensorMode``, no GPU needed), and the second is *simulated* by patching the device
-queries ``torch.cuda.is_bf16_supported`` reads. :func:`selfcheck` (``make gpu-check``)
+first is *replayed*: CUDA autocast's real dispatch runs on fake CUDA tensors (lesson 02's
+tracer, :func:`amp_lessons.trace.trace_fn` with ``simulate=True``), and the second is
+*simulated* by patching the device queries ``torch.cuda.is_bf16_supported`` reads. :func:`selfcheck` (``make gpu-check``)
 runs the real thing on a CUDA device, and says which it did.
 """
 
@@ -49,6 +49,24 @@ def tiny_batches(n: int = 4, size: int = 16, seed: int = 0, bad=()) -> list:
             x[0, 0] = float("inf")
         out.append((x, y))
     return out
+
+
+def fix_diff(broken, fixed) -> str:
+    """The lines that differ between two loops' bodies (``-`` broken, ``+`` fixed), with one
+    line of context; the ``def`` lines and docstrings are left out."""
+    import difflib
+    import inspect
+
+    def body(fn):
+        lines = inspect.getsource(fn).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.rstrip().endswith('"""') and i > 0) + 1
+        return lines[start:]
+
+    out = []
+    for line in difflib.unified_diff(body(broken), body(fixed), lineterm="", n=1):
+        if not line.startswith(("---", "+++", "@@")):
+            out.append(line)
+    return "\n".join(out)
 
 
 def caught_warnings(fn, *args, **kwargs) -> tuple[list[warnings.WarningMessage], object]:
@@ -122,10 +140,12 @@ def scheduler_run(loop, skip_at: int, steps: int = 4, lr: float = 0.01) -> Sched
 
 def accumulate_unscaling_every_micro_batch(model, opt, scaler, batches, max_norm, dtype=torch.float16):
     """Mistake (row 2): unscale_ and the clip inside the micro-batch loop, the step after it."""
+    device = next(model.parameters()).device
+    k = len(batches)
     for x, y in batches:
-        with torch.autocast("cpu", dtype=dtype):
-            loss = F.cross_entropy(model(x), y) / len(batches)
-        scaler.scale(loss).backward()
+        with torch.autocast(device.type, dtype=dtype):
+            loss = F.cross_entropy(model(x), y) / k  # each micro-batch carries 1/k of the mean
+        scaler.scale(loss).backward()  # every micro-batch: gradients add up, all scaled by S
         scaler.unscale_(opt)  # the second micro-batch calls it again before update()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     scaler.step(opt)
@@ -376,47 +396,32 @@ def bce_under_autocast(dtype=torch.bfloat16) -> str:
     return f"probabilities {p.dtype}, loss {loss.dtype}"
 
 
-@contextlib.contextmanager
-def replayed_cuda_autocast(dtype=torch.float16):
-    """CUDA autocast without a GPU: inside, tensors made with ``device="cuda"`` are fake
-    (``FakeTensorMode``: shapes, dtypes and devices, no data) and CUDA autocast is on, so
-    each op goes through CUDA autocast's real dispatch: its casts, its float32 list, its
-    refusals. Nothing runs on a GPU; values are not computed."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _bce(logits, y):
+    return F.binary_cross_entropy(torch.sigmoid(logits), y)
 
-    was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
-    torch.set_autocast_enabled("cuda", True)
-    torch.set_autocast_dtype("cuda", dtype)
-    try:
-        with FakeTensorMode():
-            yield
-    finally:
-        torch.set_autocast_enabled("cuda", was[0])
-        torch.set_autocast_dtype("cuda", was[1])
+
+def _bce_with_logits(logits, y):
+    return F.binary_cross_entropy_with_logits(logits, y)
 
 
 def cuda_bce(loss: str = "bce", real: bool = False) -> str:
     """What CUDA autocast (float16) does with ``loss`` ("bce": ``binary_cross_entropy`` of
-    probabilities; "logits": ``binary_cross_entropy_with_logits``): ``"RuntimeError: ..."`` or
-    the loss's dtype. ``real=True`` runs on this machine's GPU; otherwise it is replayed."""
-    def run(device):
-        logits, y = torch.zeros(16, 1, device=device), torch.ones(16, 1, device=device)
-        if loss == "bce":
-            out = F.binary_cross_entropy(torch.sigmoid(logits), y)
-        elif loss == "logits":
-            out = F.binary_cross_entropy_with_logits(logits, y)
-        else:
-            raise ValueError(f"loss must be 'bce' or 'logits'; got {loss!r}")
-        return f"ran: loss {out.dtype}"
+    sigmoid probabilities; "logits": ``binary_cross_entropy_with_logits``): ``"RuntimeError:
+    ..."`` or the loss's dtype. ``real=True`` runs on this machine's GPU; otherwise CUDA
+    autocast is replayed here by lesson 02's tracer (:func:`amp_lessons.trace.trace_fn` with
+    ``simulate=True``: CUDA autocast's real dispatch on fake CUDA tensors, no GPU, no values)."""
+    from .trace import trace_fn
 
+    fns = {"bce": _bce, "logits": _bce_with_logits}
+    if loss not in fns:
+        raise ValueError(f"loss must be 'bce' or 'logits'; got {loss!r}")
+    device = "cuda" if real else "cpu"
+    logits, y = torch.zeros(16, 1, device=device), torch.ones(16, 1, device=device)
     try:
-        if real:
-            with torch.autocast("cuda", dtype=torch.float16):
-                return run("cuda")
-        with replayed_cuda_autocast(torch.float16):
-            return run("cuda")
+        trace = trace_fn(fns[loss], logits, y, device="cuda", dtype=torch.float16, simulate=not real)
     except RuntimeError as err:
         return f"RuntimeError: {err}"
+    return f"ran: loss {trace.result.dtype}"
 
 
 def cuda_bce_raises(device=None) -> Verdict:

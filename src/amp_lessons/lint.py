@@ -23,7 +23,10 @@ It reads names the way training loops are usually written: a scaler is what was 
 ``GradScaler(...)``, what ``unscale_`` or ``.scale(loss).backward()`` is called on, or a
 name containing "scaler"; a scheduler is built by ``lr_scheduler.*`` or named "*sched*";
 a model is built by ``nn.*``, has ``.parameters()`` called on it, or is named "*model*"
-or "*net*". A line ending in ``# amp-lint: ignore`` (or ``ignore[code, ...]``) is skipped.
+or "*net*". It sees one function at a time: a loss divided by the number of micro-batches
+inside a helper, or a scheduler stepped by another function, is not seen. A line ending in
+``# amp-lint: ignore`` (or ``# amp-lint: ignore[code, ...]``) is skipped: mark the lines
+where the mistake is made on purpose (lesson 04's clip-before-unscale option, say).
 """
 
 from __future__ import annotations
@@ -243,6 +246,8 @@ def find_roles(tree: ast.AST) -> Roles:
             continue
         receiver = dotted(node.func.value)
         if node.func.attr == "unscale_" and receiver:
+            roles.scalers.add(receiver)
+        elif node.func.attr in ("scale", "step", "update") and "scaler" in _last(receiver):
             roles.scalers.add(receiver)
         elif node.func.attr in ("parameters", "named_parameters") and receiver:
             roles.models.add(receiver)
@@ -481,8 +486,14 @@ class _Checker:
     def check_deprecated(self) -> None:
         def advice(what: str) -> str:
             device = "cuda" if ".cuda." in what + "." else "cpu"
-            return (f"torch.amp.autocast('{device}', ...) (or torch.autocast), "
-                    f"torch.amp.GradScaler('{device}', ...), torch.amp.custom_fwd(device_type='{device}')")
+            name = what.rsplit(".", 1)[-1]
+            spellings = {
+                "autocast": f"torch.amp.autocast('{device}', ...) (or torch.autocast)",
+                "GradScaler": f"torch.amp.GradScaler('{device}', ...)",
+                "custom_fwd": f"torch.amp.custom_fwd(device_type='{device}')",
+                "custom_bwd": f"torch.amp.custom_bwd(device_type='{device}')",
+            }
+            return spellings.get(name, ", ".join(spellings.values()))
 
         for node in ast.walk(self.tree):
             spelled = None
