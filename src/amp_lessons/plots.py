@@ -31,15 +31,15 @@ def format_ranges(names=None, values=None):
         lo, mid, hi = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
         ax.barh(y, mid - lo, left=lo, height=0.6, color=_BAND["subnormal"])
         ax.barh(y, hi - mid, left=mid, height=0.6, color=_BAND["normal"])
-        ax.text(lo - 2, y, f"2^{lo:.0f}", ha="right", va="center", fontsize=7)
-        ax.text(hi + 2, y, f"{f.max:.6g}" if f.max < 1e6 else f"{f.max:.3g}", ha="left", va="center", fontsize=7)
+        ax.text(lo - 2, y, f"2^{lo:.0f}", ha="right", va="center", fontsize=8)
+        ax.text(hi + 2, y, f"{f.max:.6g}" if f.max < 1e6 else f"{f.max:.3g}", ha="left", va="center", fontsize=8)
     if values is not None:
         mags = values.detach().cpu().abs().flatten().double()
         mags = mags[mags > 0]
         if mags.numel():
             lo, hi = torch.log2(mags.min()).item(), torch.log2(mags.max()).item()
             ax.axvspan(lo, hi, color="0.5", alpha=0.25, label="your gradients (smallest to largest)")
-            ax.legend(loc="lower right", fontsize=8, frameon=False)
+            ax.legend(loc="lower right", fontsize=9, frameon=False)
     ax.axvline(0, color="0.3", lw=0.6, ls=":")
     ax.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
     ax.set_xlim(-170, 150)
@@ -350,42 +350,90 @@ def clipping_runs(runs: dict, max_norm: float):
 _PRECISION_COLORS = {"fp32": "#4c78a8", "tf32": "#72b7b2", "bf16": "#54a24b", "fp16": "#e45756"}
 
 
-def side_by_side(result):
-    """05: one model trained in each precision: loss curves, ms per step, activation memory.
+def _step_memory(result) -> dict:
+    """Per precision of a :class:`~amp_lessons.bench.SideBySide`, what one training step
+    holds (:func:`amp_lessons.measure.training_memory`), on the trainer's own first batch,
+    loss and optimizer."""
+    from .measure import training_memory
 
-    ``result`` is a :class:`amp_lessons.bench.SideBySide`. The title reads the measured
-    ratios of the 16-bit run with the smallest activation memory against fp32.
+    out = {}
+    for p, run in result.runs.items():
+        t = run.trainer
+        if t is None:
+            raise ValueError(f"the {p} run has no trainer to measure; pass memory={{precision: "
+                             "measure.training_memory(...)}} or use bench.train_side_by_side, which keeps it")
+        x, y = t.data.batch(0, t.batch_size, t.seed)
+        out[p] = training_memory(t.model, x.to(t.device), y.to(t.device), p,
+                                 optimizer=type(t.optimizer), loss_fn=t.loss_fn)
+    return out
+
+
+# What a training step holds, bottom to top: what 16-bit does not change, then what it adds,
+# then the one part it halves.
+_MEMORY_PARTS = (("weights", "weights (float32)", "#9d9d9d"), ("gradients", "gradients (float32)", "#bdbdbd"),
+                 ("optimizer_state", "optimizer state", "#dcdcdc"),
+                 ("weight_copies", "autocast's 16-bit weight copies", "white"),
+                 ("activations", "activations saved for backward", None))
+
+
+def side_by_side(result, memory: dict | None = None):
+    """05: one model trained in each precision: loss curves (top), ms per step and the
+    memory a training step holds (bottom), at 9 inches wide so it reads at JupyterLab's width.
+
+    ``result`` is a :class:`amp_lessons.bench.SideBySide`. The memory bars stack what a
+    step holds (:class:`amp_lessons.measure.TrainingMemory`): the float32 weights, their
+    gradients and the optimizer state, which mixed precision leaves as they are, autocast's
+    16-bit weight copies, which it adds, and the activations, which it halves; ``memory``
+    maps a precision to one (default: measured on each run's trainer). The title gives
+    the activations' ratio to fp32 and the whole step's (exact byte counts), then the
+    speed and accuracy (float-kernel figures, marked ``≈``).
     """
+    from .claims import measured
+    from .measure import MB
+
     runs = result.runs
     names = list(runs)
     colors = [_PRECISION_COLORS.get(p, "grey") for p in names]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [2, 1, 1]})
+    memory = memory if memory is not None else _step_memory(result)
+    fig = plt.figure(figsize=(9, 7.4), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.15])
+    curves, times, held = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     for i, (p, color) in enumerate(zip(names, colors)):
         losses = runs[p].losses
         # fp32 wide and pale underneath, so a run that tracks it stays visible on top
         style = dict(lw=4, alpha=0.4) if p == "fp32" else dict(lw=1.2, ls=("-", "--", ":")[i % 3])
-        axes[0].plot(range(len(losses)), losses, color=color, label=p, **style)
-    axes[0].set(xlabel="optimizer step", ylabel="training loss (cross-entropy, nats)",
-                title="the same run in each precision")
-    axes[0].legend(frameon=False)
-    axes[1].bar(names, [runs[p].ms for p in names], color=colors)
-    axes[1].set(ylabel="median ms per optimizer step", title="step time")
-    act = [runs[p].activation_mb for p in names]
-    copies = [runs[p].weight_copy_mb for p in names]
-    axes[2].bar(names, act, color=colors, label="activations")
-    axes[2].bar(names, copies, bottom=act, color="none", edgecolor="black", hatch="//",
-                label="16-bit weight copies")
-    top = max(a + c for a, c in zip(act, copies))
-    axes[2].set(ylabel="MB saved for backward (one batch)", title="memory saved for backward",
-                ylim=(0, 1.35 * top))
-    axes[2].legend(frameon=False, fontsize=8, loc="upper right")
+        curves.plot(range(len(losses)), losses, color=color, label=p, **style)
+    curves.set(xlabel="optimizer step", ylabel="training loss\n(cross-entropy, nats)",
+               title="the same run in each precision")
+    curves.legend(frameon=False, fontsize=9)
+    times.bar(names, [runs[p].ms for p in names], color=colors)
+    times.set(ylabel="median ms per optimizer step", title="step time (this run; varies)")
+    bottom = [0.0] * len(names)
+    for attr, label, color in _MEMORY_PARTS:
+        values = [getattr(memory[p], attr) / MB for p in names]
+        face = colors if color is None else color
+        held.bar(names, values, bottom=bottom, color=face, edgecolor="black", lw=0.6,
+                 hatch="//" if attr == "weight_copies" else None,
+                 label=label if color is not None else label + " (colour of the precision)")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, total in enumerate(bottom):
+        held.annotate(f"{total:.2f} MB", (x, total), ha="center", va="bottom", fontsize=9,
+                      xytext=(0, 2), textcoords="offset points")
+    batch = next(iter(memory.values())).batch
+    held.set(ylabel="MB held through one step", ylim=(0, 1.15 * max(bottom)),
+             title=f"memory of a training step, batch {batch}")
+    fig.legend(*held.get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=9,
+               frameon=False, reverse=True)
+    for ax in (curves, times, held):
+        ax.spines[["top", "right"]].set_visible(False)
     low = [p for p in names if p in ("bf16", "fp16")]
     if low:
         best = min(low, key=lambda p: runs[p].activation_mb)
+        whole = memory[best].total / memory["fp32"].total
         fig.suptitle(f"{best} on {result.device}: activations {result.memory_ratio(best):.2f}x fp32's, "
-                     f"speed {result.speedup(best):.2f}x fp32's, test accuracy {runs[best].accuracy:.2f} "
-                     f"vs {runs['fp32'].accuracy:.2f}", fontsize=11)
-    fig.tight_layout()
+                     f"the whole step's memory {whole:.2f}x\nspeed {measured(result.speedup(best), '.2f')}x "
+                     f"fp32's, test accuracy {measured(runs[best].accuracy, '.2f')} vs "
+                     f"{measured(runs['fp32'].accuracy, '.2f')}", fontsize=11)
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
 
@@ -394,9 +442,11 @@ def matmul_rates(result):
     """05: achieved GFLOP/s of an n x n matmul per precision, from :func:`amp_lessons.bench.run_bench`.
 
     The title compares the 16-bit precisions with fp32 at the largest n: the rate that
-    decides whether mixed precision can be faster on this device.
+    decides whether mixed precision can be faster on this device (timings: marked ``≈``).
     """
     import numpy as np
+
+    from .claims import measured
 
     rows = [m for m in result.matmul if m.gflops]
     sizes = sorted({m.n for m in rows})
@@ -411,7 +461,7 @@ def matmul_rates(result):
     ax.set(ylabel="achieved GFLOP/s", xlabel="matrix size (n x n @ n x n)")
     ax.legend(frameon=False)
     top = {m.precision: m.gflops for m in rows if m.n == sizes[-1]} if sizes else {}
-    parts = [f"{p} {top[p] / top['fp32']:.2f}x" for p in names if p != "fp32" and "fp32" in top]
+    parts = [f"{p} {measured(top[p] / top['fp32'], '.2f')}x" for p in names if p != "fp32" and "fp32" in top]
     ax.set_title(f"{result.device}: matmul rate vs fp32 at n = {sizes[-1] if sizes else '-'}: "
                  + (", ".join(parts) or "fp32 only"), fontsize=10)
     fig.tight_layout()
