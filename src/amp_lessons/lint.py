@@ -273,7 +273,7 @@ def check_loop(source_or_function, *, name: str | None = None) -> Findings:
     source, first, default_name = source_of(source_or_function)
     name = name or default_name
     tree = parse(source, name)
-    checker = _Checker(tree, source)
+    checker = _Checker(tree)
     findings = checker.run()
     lines = source.splitlines()
     kept = [replace(f, line=f.line + first - 1) for f in findings if not _ignored(f, lines)]
@@ -460,7 +460,7 @@ class _Unit:
 
 
 class _Checker:
-    def __init__(self, tree: ast.Module, source: str):
+    def __init__(self, tree: ast.Module):
         self.tree, self.roles = tree, find_roles(tree)
         self.findings: dict[tuple[int, str], Finding] = {}
 
@@ -471,7 +471,7 @@ class _Checker:
         self.check_deprecated()
         self.check_scaler_device()
         self.check_half()
-        units = [_Unit([s for s in self.tree.body], self.roles)]
+        units = [_Unit(list(self.tree.body), self.roles)]  # the module's top level, then each function
         units += [_Unit(n.body, self.roles) for n in ast.walk(self.tree)
                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for unit in units:
@@ -619,7 +619,9 @@ class _Checker:
         by_stmt: dict[int, list[_Event]] = {}
         for e in unit.events:
             by_stmt.setdefault(id(e.stmt), []).append(e)
-        start = _State(scaled=True, unscaled=frozenset())  # entering with scaled gradients
+        # On entry the gradients may be scaled: a function that clips before its unscale_
+        # clips what some scaled backward left.
+        start = _State(scaled=True, unscaled=frozenset())
         self._walk(unit.body, start, by_stmt)
 
     def _walk(self, block, state, by_stmt):
