@@ -190,3 +190,80 @@ def test_doctor_refuses_missing_cuda(monkeypatch, capsys):
     simulate_cpu(monkeypatch)
     assert main(["doctor", "--device", "cuda"]) == 2
     assert "only: cpu" in capsys.readouterr().err
+
+
+# -- every function that takes a precision parses it in one place -------------------------------
+
+
+def _digits_batch():
+    from amp_lessons.data import digits
+
+    return digits().batch(0, 16)
+
+
+def _precision_calls():
+    """One call per public function (of the modules below) that takes a ``precision``; each
+    returns something that shows which precision it ran."""
+    from amp_lessons import clipping, master, scaling, training
+
+    x, y = _digits_batch()
+
+    def accumulation(p):
+        from amp_lessons.data import digits
+
+        return clipping.run_accumulation(clipping.accumulate, clipping.lesson_model(), digits(), k=2,
+                                         batch_size=8, precision=p).optimizer_steps
+
+    return {
+        "amp_lessons.precision.dtype_of": dtype_of,
+        "amp_lessons.precision.uses_autocast": uses_autocast,
+        "amp_lessons.precision.needs_scaler": needs_scaler,
+        "amp_lessons.precision.parse_precision": parse_precision,
+        "amp_lessons.precision.float32_matmul_precision": lambda p: float32_matmul_precision(p).__enter__(),
+        "amp_lessons.training.Trainer": lambda p: training.Trainer(
+            clipping.lesson_model(), scaling.lesson_data(), precision=p, device="cpu").precision,
+        "amp_lessons.scaling.lesson_trainer": lambda p: scaling.lesson_trainer(p, device="cpu").precision,
+        "amp_lessons.scaling.first_step_gradients": lambda p: scaling.first_step_gradients(p, True, "cpu").sum(),
+        "amp_lessons.clipping.one_clipped_step": lambda p: clipping.one_clipped_step(
+            clipping.lesson_model(), x, y, precision=p, max_norm=1.0).scale,
+        "amp_lessons.clipping.backward_inside_autocast_matches": lambda p: clipping.backward_inside_autocast_matches(
+            clipping.lesson_model(), x, y, p),
+        "amp_lessons.clipping.run_accumulation": accumulation,
+        "amp_lessons.clipping.accumulation_table": lambda p: clipping.accumulation_table(
+            clipping.lesson_model, scaling.lesson_data(), k=2, batch_size=8, precision=p).splitlines()[2:3],
+        "amp_lessons.master.gradients": lambda p: [g.sum() for g in master.gradients(clipping.lesson_model(), x, y, p)],
+        "amp_lessons.master.eps_in": master.eps_in,
+    }
+
+
+def test_every_function_that_takes_a_precision_is_listed_here():
+    import inspect
+
+    from amp_lessons import clipping, data, master, models, precision, scaling, seeding, training
+
+    takes = {f"{m.__name__}.{name}" for m in (precision, training, scaling, clipping, master, data, models, seeding)
+             for name, f in inspect.getmembers(m, lambda f: inspect.isfunction(f) or inspect.isclass(f))
+             if f.__module__ == m.__name__ and not name.startswith("_")
+             and ("precision" in _parameters(f) or name in ("parse_precision", "eps_in"))}
+    assert takes == set(_precision_calls())
+
+
+def _parameters(f):
+    import inspect
+
+    try:
+        return inspect.signature(f).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+@pytest.mark.parametrize("name", sorted(_precision_calls()))
+def test_every_function_that_takes_a_precision_parses_it(name):
+    call = _precision_calls()[name]
+    with float32_matmul_precision("fp32"):  # undoes the context manager's __enter__ above
+        reference = call("fp16")
+        for alias in ("half", " Float16 ", torch.float16):
+            got = call(alias)
+            assert str(got) == str(reference), (name, alias)
+        with pytest.raises(ValueError, match="precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"):
+            call("fp61")

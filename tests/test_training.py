@@ -6,6 +6,7 @@ computed by hand from GradScaler's rules, an uninterrupted run for a resumed one
 
 import functools
 import math
+import re
 import warnings
 
 import pytest
@@ -321,13 +322,13 @@ def test_a_non_finite_loss_without_a_scaler_raises_naming_the_step(precision, ac
     ({"optimizer": "lion"}, "optimizer must be one of sgd, adam, adamw or a callable"),
     ({"init_scale": 0.0}, "init_scale must be a positive"),
     ({"growth_interval": 0}, "growth_interval must be a positive integer"),
-    ({"growth_factor": 1.0}, "growth_factor must be a finite number > 1"),
+    ({"growth_factor": 1.0}, "growth_factor must be a finite number >= 1 + 2**-23"),
     ({"backoff_factor": 1.0}, "backoff_factor must be between 0 and 1"),
     ({"min_scale": -1.0}, "min_scale must be a positive"),
 ])
 def test_bad_settings_are_clear_errors(kwargs, message):
     precision = kwargs.pop("precision", "fp16")
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         trainer(precision, **kwargs)
 
 
@@ -466,3 +467,204 @@ def test_grad_stats_must_be_a_bool():
     with pytest.raises(TypeError, match="grad_stats must be True .* or False"):
         trainer("fp32", grad_stats="yes")
     assert trainer("fp32").grad_stats is True
+
+
+# -- skipped steps, counted from what the optimizer did ----------------------------------------
+
+
+def keep_scale_fixed(t):
+    """Make ``update()`` leave the scale where it was: a skip can no longer be read from the scale."""
+    real = t.scaler.update
+    t.scaler.update = lambda new_scale=None: real(new_scale=t.scaler.get_scale())
+
+
+OPTIMIZERS = {
+    "adam": "adam",
+    "sgd without state": functools.partial(torch.optim.SGD, lr=0.1),
+    "sgd with momentum": functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+    "fused adamw (handles the scaler itself)": functools.partial(torch.optim.AdamW, lr=1e-3, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_skips_are_counted_from_the_optimizer_not_from_the_scale(name):
+    t = trainer(optimizer=OPTIMIZERS[name], inject_nonfinite=(1, 3))
+    keep_scale_fixed(t)
+    applied = []
+    t.optimizer.register_step_post_hook(lambda *_: applied.append(t.step_count))
+    for i in range(5):
+        before = params(t)
+        record = t.step()
+        assert record.skipped == (i in (1, 3)), f"step {i}"
+        assert same(before, params(t)) == record.skipped, f"step {i}: parameters"
+    assert t.current_scale() == 2.0**10  # never moved: the scale said nothing
+    assert t.history.skipped == 2
+    if name.startswith("fused"):  # called every time; the kernel itself skipped the update
+        assert len(applied) == 5 and int(t.optimizer.state[t.model[0].weight]["step"]) == 3
+    else:
+        assert applied == [0, 2, 4]
+
+
+def test_the_lr_scheduler_follows_the_applied_steps_even_when_the_scale_stays():
+    t = trainer(inject_nonfinite=(0, 2), scheduler=step_lr)
+    keep_scale_fixed(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "lr_scheduler.step() before optimizer.step()"
+        t.fit(5)
+    assert t.scheduler.last_epoch == optimizer_steps(t.optimizer) == 3
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"backoff_factor": 1 - 1e-9}, "backoff_factor must be between 0 and 1 - 2**-23"),
+    ({"backoff_factor": 1 - 2.0**-24}, "backoff_factor must be between 0 and 1 - 2**-23"),
+    ({"growth_factor": 1 + 1e-9}, "growth_factor must be a finite number >= 1 + 2**-23"),
+    ({"growth_factor": 1e39}, "growth_factor must be a finite number >= 1 + 2**-23"),
+])
+def test_scale_factors_that_float32_rounds_to_1_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        trainer(**kwargs)
+
+
+@pytest.mark.parametrize("init_scale", [2.0**10, 3.0 * 2**20, 1.7e38])
+def test_the_backoff_closest_to_1_that_is_accepted_really_lowers_the_scale(init_scale):
+    t = trainer(init_scale=init_scale, backoff_factor=1 - 2.0**-23, inject_nonfinite=(0, 1, 2))
+    t.fit(3)
+    scales = [*t.history["scale"], t.current_scale()]
+    assert all(b < a for a, b in zip(scales, scales[1:])), scales
+
+
+@pytest.mark.parametrize("init_scale", [2.0**3, 3.0 * 2**3 + 0.5])
+def test_the_growth_closest_to_1_that_is_accepted_really_raises_the_scale(init_scale):
+    t = trainer(init_scale=init_scale, growth_factor=1 + 2.0**-23, growth_interval=1)
+    t.fit(3)
+    scales = [*t.history["scale"], t.current_scale()]
+    assert t.history.skipped == 0 and all(b > a for a, b in zip(scales, scales[1:])), scales
+
+
+# -- clear errors for bad arguments ------------------------------------------------------------
+
+
+def reduce_on_plateau(opt):
+    return torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+
+
+class NotAnOptimizer:
+    def __init__(self, params):
+        self.params = list(params)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"seed": "abc"}, TypeError, "seed must be an integer from 0 to 2**32 - 1, e.g. seed=0; got 'abc'"),
+    ({"seed": 1.5}, TypeError, "seed must be an integer from 0 to 2**32 - 1"),
+    ({"seed": -1}, ValueError, "seed must be an integer from 0 to 2**32 - 1, e.g. seed=0; got -1"),
+    ({"seed": 2**32}, ValueError, "seed must be an integer from 0 to 2**32 - 1"),
+    ({"scheduler": "cosine"}, TypeError, "scheduler must be a function that takes the optimizer and returns "
+                                         "an lr scheduler, e.g. scheduler=lambda opt: torch.optim.lr_scheduler."
+                                         "StepLR(opt, step_size=100, gamma=0.5); got 'cosine'"),
+    ({"scheduler": torch.optim.lr_scheduler.StepLR}, TypeError,
+     "scheduler(optimizer) raised TypeError: "),
+    ({"scheduler": reduce_on_plateau}, TypeError,
+     "ReduceLROnPlateau.step() needs metrics, and the Trainer steps its scheduler after every optimizer "
+     "step with no argument"),
+    ({"scheduler": lambda opt: 0.5}, TypeError, "scheduler(optimizer) must return an lr scheduler"),
+    ({"lr": True}, ValueError, "lr must be a positive finite number; got True"),
+    ({"clip_norm": True}, ValueError, "clip_norm must be a positive finite number; got True"),
+    ({"loss_fn": None}, TypeError, "loss_fn must be a function of (logits, labels) that returns the loss"),
+    ({"init_scale": 1e39}, ValueError, "init_scale must lie between 1.18e-38 and 3.4e+38, the normal float32 "
+                                       "numbers: GradScaler keeps the scale in float32; got 1e+39"),
+    ({"init_scale": 2.0**-20}, ValueError, "init_scale (9.5367431640625e-07) must be at least min_scale"),
+    ({"inject_nonfinite": ("3",)}, ValueError, "inject_nonfinite must hold step numbers (integers >= 0)"),
+    ({"inject_nonfinite": 3}, TypeError, "inject_nonfinite must be a collection of step numbers"),
+    ({"optimizer": NotAnOptimizer}, TypeError, "optimizer(params) must return a torch.optim.Optimizer"),
+])
+def test_bad_arguments_say_what_to_do(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        Trainer(small_model(), DATA, precision="fp16", device="cpu", **kwargs)
+
+
+def test_reduce_lr_on_plateau_is_stepped_by_hand_as_the_error_says():
+    t = trainer("fp32")
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(t.optimizer, mode="max", patience=0)
+    for _ in range(3):
+        t.fit(2)
+        sched.step(0.5)  # a metric that never improves: the lr falls
+    assert t.optimizer.param_groups[0]["lr"] < 1e-3
+
+
+def test_seed_everything_checks_its_seed():
+    from amp_lessons.seeding import seed_everything
+
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        seed_everything("abc")
+    assert seed_everything(2**32 - 1) == 2**32 - 1
+
+
+def test_a_model_must_be_a_module():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module; got function"):
+        Trainer(lambda x: x, DATA, device="cpu")
+
+
+def test_evaluate_on_an_empty_test_split_says_so():
+    from amp_lessons.data import Dataset
+
+    empty = Dataset(DATA.x_train, DATA.y_train, DATA.x_test[:0], DATA.y_test[:0], name="digits")
+    t = Trainer(small_model(), empty, device="cpu", progress=False)
+    t.fit(1)
+    with pytest.raises(ValueError, match=re.escape("the test split of digits is empty, so there is no "
+                                                   "accuracy to measure; build the data with test examples")):
+        t.evaluate()
+    assert t.model.training
+    assert 0.0 <= trainer("fp32").evaluate() <= 1.0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_integer_inputs_get_an_error_naming_both_dtypes(precision):
+    from amp_lessons.data import Dataset
+
+    ints = Dataset((DATA.x_train * 16).long(), DATA.y_train, (DATA.x_test * 16).long(), DATA.y_test)
+    t = Trainer(small_model(), ints, precision=precision, device="cpu", progress=False)
+    before = params(t)
+    message = "the model got inputs of dtype int64, but its weights are float32: it computes in floating " \
+              "point and expects floating-point inputs (torch said: "
+    with pytest.raises(TypeError, match=re.escape(message)) as err:
+        t.fit(1)
+    assert "Dataset(x_train.float(), y_train, x_test.float(), y_test)" in str(err.value)
+    assert isinstance(err.value.__cause__, RuntimeError)  # torch's own message, kept as the cause
+    assert same(before, params(t)) and t.step_count == 0
+    with pytest.raises(TypeError, match=re.escape(message)):
+        t.evaluate()
+    assert t.model.training
+
+
+def test_a_model_error_on_float_inputs_is_torchs_own():
+    t = trainer("fp32", hidden=16)
+    t.model[0] = torch.nn.Linear(63, 16)  # the wrong input width: not a dtype problem
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        t.fit(1)
+
+
+def test_the_numpy_rng_is_saved_as_int64_and_restored_as_uint32(tmp_path):
+    import numpy as np
+
+    t = trainer("bf16")
+    t.fit(1)
+    state = torch.load(t.save(tmp_path / "run.pt"), weights_only=True)
+    assert state["rng"]["numpy"][1].dtype == torch.int64  # a dtype every torch release saves
+    np.random.rand(5)
+    expected = np.random.get_state()[1].copy()
+    t.load(tmp_path / "run.pt")
+    np.random.rand(5)
+    assert np.random.get_state()[1].dtype == np.uint32
+    assert np.array_equal(np.random.get_state()[1], expected)
+
+
+def test_the_data_functions_check_their_arguments():
+    from amp_lessons.data import random_task
+
+    with pytest.raises(ValueError, match="test_fraction must be at least 0 .* and below 1; got 1.5"):
+        digits(test_fraction=1.5)
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        digits(seed="abc")
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        random_task(seed=-3)
+    assert len(digits(test_fraction=0.0).x_test) == 0  # allowed; evaluate() then says what is missing

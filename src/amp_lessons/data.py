@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .seeding import check_seed
+
 
 @dataclass
 class Dataset:
@@ -47,6 +49,9 @@ def digits(test_fraction: float = 0.2, seed: int = 0, tokens: bool = False) -> D
     """
     from sklearn.datasets import load_digits
 
+    if not (isinstance(test_fraction, (int, float)) and 0 <= test_fraction < 1):
+        raise ValueError(f"test_fraction must be at least 0 (no test split) and below 1; got {test_fraction!r}")
+    seed = check_seed(seed)
     raw = load_digits()
     x = torch.tensor(raw.data, dtype=torch.float32) / 16.0
     y = torch.tensor(raw.target, dtype=torch.long)
@@ -61,7 +66,7 @@ def digits(test_fraction: float = 0.2, seed: int = 0, tokens: bool = False) -> D
 
 def random_task(n: int = 2048, d_in: int = 512, classes: int = 10, seed: int = 0) -> Dataset:
     """Gaussian inputs labelled by a random linear teacher: learnable, any size (bench, 02)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(check_seed(seed))
     x = torch.randn(n, d_in, generator=g)
     teacher = torch.randn(d_in, classes, generator=g)
     y = (x @ teacher).argmax(dim=1)

@@ -6,16 +6,29 @@ continues exactly like an uninterrupted one.
 
 from __future__ import annotations
 
+import numbers
 import random
 
 import numpy as np
 import torch
 
+SEED_LIMIT = 2**32  # NumPy's seeds are 0 .. 2**32 - 1; one range for every library
+
+
+def check_seed(seed) -> int:
+    """``seed`` as an ``int``, or an error that says what a seed is (any integer from 0 to 2**32 - 1)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an integer from 0 to 2**32 - 1, e.g. seed=0; got {seed!r}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1, e.g. seed=0; got {seed!r}")
+    return int(seed)
+
 
 def seed_everything(seed: int = 0) -> int:
     """Seed Python, NumPy and torch (CPU and every CUDA device). Returns the seed."""
+    seed = check_seed(seed)
     random.seed(seed)
-    np.random.seed(seed % 2**32)
+    np.random.seed(seed)
     torch.manual_seed(seed)
     return seed
 
