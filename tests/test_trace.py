@@ -17,6 +17,7 @@ from amp_lessons.trace import (
     BY_AUTOCAST,
     EXAMPLES,
     PROBES,
+    ProbeUnavailable,
     SimulationUnsupported,
     compare_simulated,
     differences,
@@ -813,3 +814,15 @@ def test_op_dtypes_figure_names_every_op_readably_and_counts_them():
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "autocast put it in float32" in legend and "float32 already (its inputs were)" in legend
     assert fig.get_size_inches()[0] <= 10  # shown at its own size in JupyterLab, not shrunk
+
+
+def test_a_probe_that_needs_float64_is_marked_on_mps(monkeypatch):
+    """MPS has no float64: the side-by-side table says so instead of failing the lesson."""
+    import amp_lessons.trace as trace
+
+    monkeypatch.setattr(trace, "pick_device", lambda d=None: torch.device("mps"))
+    with pytest.raises(ProbeUnavailable, match="MPS does not have"):
+        probe("mm(a64, b64)", torch.float16, "mps")
+    assert trace._cell("mm(a64, b64)", torch.float16, "mps", False) == "(no float64 on mps)"
+    assert "mm(a64, b64)" not in trace._probes_on(torch.device("mps"))
+    assert len(trace._probes_on(torch.device("mps"))) == len(PROBES) - 1

@@ -767,8 +767,10 @@ def probe(name: str, dtype=torch.bfloat16, device=None, simulate: bool = False) 
     if isinstance(dtype, str):
         dtype = dtype_of(dtype)
     fn, arg_names, kw = _PROBES[name]
-    where = "cpu" if simulate else pick_device(device)
-    t = {k: v.to(where) for k, v in _probe_tensors(dtype).items()}
+    where = torch.device("cpu") if simulate else pick_device(device)
+    if where.type == "mps" and any(a.endswith("64") for a in arg_names):
+        raise ProbeUnavailable(f"{name} needs float64, which MPS does not have", short="no float64 on mps")
+    t = {k: v.to(where) for k, v in _probe_tensors(dtype).items() if not (where.type == "mps" and k.endswith("64"))}
 
     def value(v):  # a tensor's name, "x.dtype", or a literal
         return (t["x"].dtype if v == "x.dtype" else t[v]) if isinstance(v, str) else v
@@ -776,6 +778,21 @@ def probe(name: str, dtype=torch.bfloat16, device=None, simulate: bool = False) 
     args = tuple(t[a] for a in arg_names)
     kwargs = {k: value(v) for k, v in kw.items()}
     return trace_fn(partial(fn, **kwargs), *args, device=device, dtype=dtype, simulate=simulate)
+
+
+class ProbeUnavailable(ValueError):
+    """A probe that cannot run on the device asked for (float64 on MPS)."""
+
+    def __init__(self, message: str, short: str):
+        super().__init__(message)
+        self.short = short  # for a table cell
+
+
+def _cell(name, dtype, device, simulate) -> str:
+    try:
+        return probe(name, dtype, device, simulate).oneline()
+    except ProbeUnavailable as err:
+        return f"({err.short})"
 
 
 def _wheres(devices) -> list[tuple[str, bool]]:
@@ -798,7 +815,7 @@ def probe_table(names=PROBES, dtype=torch.bfloat16, devices=None) -> str:
     """
     wheres = _wheres(devices)
     head = ["call", *(f"{d} (simulated)" if s else d for d, s in wheres)]
-    rows = [[name, *(probe(name, dtype, d, s).oneline() for d, s in wheres)] for name in names]
+    rows = [[name, *(_cell(name, dtype, d, s) for d, s in wheres)] for name in names]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
                      for cells in [head, *rows])
@@ -903,6 +920,13 @@ def _dtypes_on(device: torch.device, dtypes) -> tuple[torch.dtype, ...]:
     return (torch.bfloat16, torch.float16)
 
 
+def _probes_on(device: torch.device) -> tuple[str, ...]:
+    """The probes that can run for real on ``device`` (MPS has no float64)."""
+    if device.type == "mps":
+        return tuple(n for n in PROBES if not any(a.endswith("64") for a in _PROBES[n][1]))
+    return PROBES
+
+
 def simulation_verdicts(device=None, dtypes=None) -> list:
     """Does the simulation of ``device``'s autocast match the real thing? One verdict per
     lesson model (:data:`EXAMPLES` and the exercise's net) and one for all :data:`PROBES`,
@@ -917,12 +941,12 @@ def simulation_verdicts(device=None, dtypes=None) -> list:
     out = []
     for dtype in _dtypes_on(dev, dtypes):
         for case in (*_model_cases(), "probes"):
-            names = PROBES if case == "probes" else (case,)
+            names = _probes_on(dev) if case == "probes" else (case,)
             diffs = []
             for name in names:
                 real, sim = _real_trace(name, dtype, dev), _simulated_trace(name, dtype, dev.type)
                 diffs += [f"{name}: {d}" for d in differences(real, sim, layout=False)]
-            what = f"all {len(PROBES)} single calls" if case == "probes" else case
+            what = f"all {len(names)} single calls" if case == "probes" else case
             out.append(check(f"{dev.type}, {short(dtype)}: the simulation of {dev.type} autocast "
                              f"ran the same ops in the same dtypes as the real trace ({what})",
                              not diffs, "; ".join(diffs[:4]) or "no difference"))
