@@ -506,13 +506,13 @@ def test_scale_figure_draws_the_scale_of_the_run_it_describes():
 
 def test_scale_explorer_reruns_and_redraws_on_each_control():
     explorer = lesson_function("scale_explorer")
-    box = explorer(init_exponent=16, growth_interval=10, inject_at=25, steps=30)
+    box = explorer(init_exponent=16, growth_interval=10, inject_at=8, steps=12)
     init, growth, inject = (
         control(box, "init_scale"),
         control(box, "growth_interval"),
         box.inject_at,
     )
-    assert (init.value, growth.value, inject.value) == (16, 10, 25)
+    assert (init.value, growth.value, inject.value) == (16, 10, 8)
     assert [label for label, _ in init.options][:2] == ["2^0", "2^1"] and len(init.options) == 25
     first = shown_png(box)
     seen = {first}
@@ -585,6 +585,114 @@ def test_scale_plot_keeps_tick_labels_off_the_title():
     renderer = canvas.get_renderer()
     title = ax.title.get_window_extent(renderer)
     assert all(t.get_window_extent(renderer).y1 < title.y0 for t in ax.get_yticklabels() if t.get_text())
+
+
+# --- the lessons' figures at JupyterLab's width ------------------------------------------
+
+JUPYTERLAB_INCHES = 9.6  # ~960 px at the inline backend's 100 dpi: wider figures are shrunk
+
+
+def _smallest_text_pt(fig) -> float:
+    from matplotlib.text import Text
+
+    return min(t.get_fontsize() for t in fig.findobj(Text) if t.get_text().strip() and t.get_visible())
+
+
+@pytest.fixture(scope="module")
+def side_by_side_result():
+    from amp_lessons import bench
+    from amp_lessons.data import digits
+    from amp_lessons.models import mlp
+
+    return bench.train_side_by_side(lambda: mlp(64, 16, 10), digits(), ["fp32", "bf16"], steps=3,
+                                    device="cpu", progress=False)
+
+
+@pytest.fixture(scope="module")
+def clipped_runs():
+    from amp_lessons.clipping import lesson_model
+    from amp_lessons.data import digits
+    from amp_lessons.training import Trainer
+
+    data = digits()
+    return {label: Trainer(lesson_model(), data, precision=precision, device="cpu", optimizer="sgd",
+                           lr=0.5, clip_norm=1.0, clip_order=order, teaching=True, seed=0,
+                           progress=False).fit(4)
+            for label, precision, order in (("fp32", "fp32", "unscale_first"),
+                                            ("fp16, clip then unscale_", "fp16", "before_unscale"))}
+
+
+def _lesson_figures(side_by_side_result, clipped_runs):
+    from amp_lessons import plots
+
+    g = torch.Generator().manual_seed(3)
+    grads = torch.randn(500, generator=g) * 2.0 ** torch.randint(-30, -5, (500,), generator=g)
+    return {
+        "format_ranges": plots.format_ranges(values=grads),
+        "gradient_histogram": plots.gradient_histogram(grads, 2.0**8),
+        "scale_plot": widgets.scale_figure(4, 3, 7, steps=12),
+        "loss_curves": plots.loss_curves(clipped_runs),
+        "clipping_runs": plots.clipping_runs(clipped_runs, 1.0),
+        "side_by_side": plots.side_by_side(side_by_side_result),
+        "lost_updates": plots.lost_updates([1e-2, 1e-3, 1e-4], {"fp32 master": [0, 0, 0.1],
+                                                                 "model.half()": [0.2, 0.5, 0.9]}),
+    }
+
+
+def test_lesson_figures_read_at_jupyterlab_width(side_by_side_result, clipped_runs):
+    for name, fig in _lesson_figures(side_by_side_result, clipped_runs).items():
+        assert fig.get_figwidth() <= JUPYTERLAB_INCHES, f"{name} is {fig.get_figwidth()} in wide"
+        assert _smallest_text_pt(fig) >= 8, f"{name} has {_smallest_text_pt(fig)} pt text"
+        titles = [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+        assert any(titles), f"{name} has no title"
+
+
+def test_multi_panel_figures_stack_their_panels_with_legends_of_9_pt(side_by_side_result, clipped_runs):
+    from amp_lessons import plots
+
+    for fig in (plots.clipping_runs(clipped_runs, 1.0), plots.side_by_side(side_by_side_result)):
+        assert fig.get_figwidth() <= 9 and len(fig.axes) == 3
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+        assert legends and all(t.get_fontsize() >= 9 for lg in legends for t in lg.get_texts())
+        # no more than two panels side by side: each panel at least half the width
+        assert all(ax.get_position().width >= 0.35 for ax in fig.axes)
+
+
+def test_side_by_side_draws_everything_a_step_holds_not_only_the_activations(side_by_side_result):
+    from amp_lessons import plots
+    from amp_lessons.measure import MB, training_memory
+
+    result = side_by_side_result
+    fig = plots.side_by_side(result)
+    held = fig.axes[2]
+    tops = {}
+    for bar in held.patches:
+        x = round(bar.get_x() + bar.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+    for x, p in enumerate(result.runs):
+        t = result.runs[p].trainer
+        batch = t.data.batch(0, t.batch_size, t.seed)
+        expected = training_memory(t.model, *batch, p, optimizer=type(t.optimizer)).total / MB
+        assert tops[x] == pytest.approx(expected, rel=1e-9), p  # the bar is the whole step
+    title = fig._suptitle.get_text()
+    whole = (training_memory(result.runs["bf16"].trainer.model, *batch, "bf16").total
+             / training_memory(result.runs["fp32"].trainer.model, *batch, "fp32").total)
+    assert f"activations {result.memory_ratio('bf16'):.2f}x fp32's" in title
+    assert f"the whole step's memory {whole:.2f}x" in title and whole > result.memory_ratio("bf16")
+    labels = held.get_legend_handles_labels()[1]
+    assert any("weights" in label for label in labels) and any("16-bit weight copies" in label for label in labels)
+    assert "speed ≈" in title and "accuracy ≈" in title  # float-kernel figures are marked
+
+
+def test_side_by_side_says_what_it_needs_without_trainers(side_by_side_result):
+    import dataclasses
+
+    from amp_lessons import bench, plots
+
+    bare = bench.SideBySide({p: dataclasses.replace(r, trainer=None)
+                             for p, r in side_by_side_result.runs.items()}, "cpu")
+    with pytest.raises(ValueError, match="has no trainer to measure; pass memory="):
+        plots.side_by_side(bare)
 
 
 # --- the API both ipywidgets 7.7.1 (Colab) and 8 provide ---------------------------------
