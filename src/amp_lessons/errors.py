@@ -298,10 +298,10 @@ def overflow_report(scores, weights, output) -> str:
 def deprecated_spellings() -> list[tuple[str, str]]:
     """``(spelling, the FutureWarning it raises)`` for the old ``torch.cuda.amp`` / ``torch.cpu.amp``
     spellings. Other warnings (CUDA not available here) are left out: they depend on the machine."""
-    makers = {
-        "torch.cuda.amp.autocast()": lambda: torch.cuda.amp.autocast(),
-        "torch.cuda.amp.GradScaler()": lambda: torch.cuda.amp.GradScaler(),
-        "torch.cpu.amp.autocast()": lambda: torch.cpu.amp.autocast(),
+    makers = {  # on purpose: these lines make the warnings (the checker is told so)
+        "torch.cuda.amp.autocast()": lambda: torch.cuda.amp.autocast(),  # amp-lint: ignore[deprecated-amp]
+        "torch.cuda.amp.GradScaler()": lambda: torch.cuda.amp.GradScaler(),  # amp-lint: ignore[deprecated-amp]
+        "torch.cpu.amp.autocast()": lambda: torch.cpu.amp.autocast(),  # amp-lint: ignore[deprecated-amp]
     }
     out = []
     for spelling, make in makers.items():
