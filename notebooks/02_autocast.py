@@ -93,9 +93,9 @@ print("parameter dtypes: ", {p.dtype for p in model.parameters()})
 # (A100, H100, RTX 30xx and later, with native bfloat16: no scaler needed) and float16 with a
 # `GradScaler` on older ones (T4, V100). From here on the lesson picks the device with
 # `amp_lessons.pick_device` (which also finds Apple's MPS) and traces in the precision lesson
-# 00 recommends for it. Where that is fp32 (most CPUs, Apple GPUs), autocast still needs a
-# 16-bit dtype to show anything, so the lesson takes autocast's own default for the device
-# type: bfloat16 on a CPU, float16 on CUDA and MPS (`amp_lessons.trace.lesson_dtype`).
+# 00 recommends for it. Where that is fp32 (a CPU without AMX, an Apple GPU), autocast still
+# needs a 16-bit dtype to show anything, so the lesson takes autocast's own default for the
+# device type: bfloat16 on a CPU, float16 on CUDA and MPS (`amp_lessons.trace.lesson_dtype`).
 
 # %%
 from amp_lessons.trace import lesson_dtype
@@ -195,7 +195,7 @@ for op in ("addmm", "bmm", "_softmax", "gelu", "native_layer_norm", "add", "mse_
 #
 # 1. Ops on the **lower-precision list** (matmul, `linear`, `bmm`, convolutions) get their
 #    float32 inputs cast to 16-bit and run in 16-bit.
-# 2. Ops on the **float32 list** (the losses on every device; more ops on CUDA, next section)
+# 2. Ops on the **float32 list** (the losses on every device; more ops on CUDA and MPS, below)
 #    get their 16-bit inputs cast to float32 (or are asked for a float32 result) and run in
 #    float32.
 # 3. Every other op runs in the dtype of its inputs, with ordinary type promotion when
@@ -572,6 +572,8 @@ print(autocast_table("card_model", "fp16", "cpu").split("\n\n")[0])
 #   why CUDA runs `cross_entropy`'s log-softmax in 16-bit: it passes `dtype=x.dtype`.
 # - "Reductions stay float32" is true on CUDA for `sum`, not for `mean`, and on a CPU for
 #   neither.
+# - Apple GPUs (MPS) keep lists like CUDA's; replayed here, each float32 op there gets its
+#   own cast.
 # - Call `backward()` outside the context. Custom autograd functions get
 #   `torch.amp.custom_fwd(device_type=...)` and `torch.amp.custom_bwd(device_type=...)`.
 #
