@@ -4,7 +4,12 @@ import warnings
 
 import torch
 
-from amp_lessons.exercises import amp_step_as_given, check_amp_step, check_clipping_loop, check_setup
+from amp_lessons.exercises import (
+    amp_step_as_given,
+    check_amp_step,
+    check_clipping_loop,
+    check_setup,
+)
 from amp_lessons.models import mlp
 
 

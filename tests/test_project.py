@@ -99,13 +99,6 @@ def test_no_lesson_stops_run_all(path):
     assert not errors and not tagged, f"code cells with an error output {errors}, tagged to raise {tagged}"
 
 
-def test_no_deprecated_amp_api_anywhere():
-    pattern = re.compile(r"torch\.(cuda|cpu)\.amp\.(GradScaler|autocast|custom_fwd|custom_bwd)")
-    files = [*ROOT.glob("src/**/*.py"), *ROOT.glob("notebooks/*.py"), *ROOT.glob("benchmarks/*.py")]
-    offenders = [str(f.relative_to(ROOT)) for f in files if pattern.search(f.read_text())]
-    assert not offenders
-
-
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

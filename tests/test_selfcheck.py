@@ -79,9 +79,9 @@ def test_no_lessons_is_a_clear_error(tmp_path, capsys):
 
 def test_hardware_facts_checked_on_simulated_gpus(monkeypatch):
     import pytest
+    from test_hardware import simulate_gpu
 
     from amp_lessons.hardware import selfcheck as hardware_selfcheck
-    from test_hardware import simulate_gpu
 
     for name, cc, precision in (("Tesla T4", (7, 5), "fp16"), ("NVIDIA H100", (9, 0), "bf16")):
         with pytest.MonkeyPatch.context() as mp:
