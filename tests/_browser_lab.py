@@ -523,6 +523,7 @@ def slider_key(label: str, key: str = "ArrowRight"):
 
     act.__doc__ = f"{label}: {key}"
     act.label = label
+    act.walks = key in ("ArrowRight", "ArrowLeft", "ArrowUp", "ArrowDown")  # again: one step further
     return act
 
 
