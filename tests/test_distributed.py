@@ -145,6 +145,16 @@ def test_a_busy_port_is_refused_before_any_rank_starts():
         D.check_port(70000)
 
 
+def test_cli_and_worker_say_what_to_do(capsys):
+    from amp_lessons import dist_worker
+    from amp_lessons.__main__ import main
+
+    assert main(["dist", "--device", "mps"]) == 2
+    assert "no backend for 'mps'" in capsys.readouterr().err
+    assert dist_worker.main([]) == 2
+    assert "usage: python -m amp_lessons.dist_worker RUN_DIR" in capsys.readouterr().err
+
+
 def _record(param="fp16", reduce=None, sent="float16", op="sum"):
     return {"param_dtype": param, "reduce_dtype": reduce, "sharded": {"dtype": "float32"},
             "forward": {"dtype": "float16"}, "gather": {"sent": ["float16"], "buffer": ["float16"]},

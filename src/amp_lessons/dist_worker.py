@@ -516,6 +516,7 @@ def main(argv=None) -> int:
             records[job["name"]] = JOBS[job["kind"]](ctx, dict(job))
             records[job["name"]]["seconds"] = time.perf_counter() - started
             started = time.perf_counter()
+            (run_dir / f"rank{ctx.rank}.progress").write_text(str(len(records)))  # for the launcher's bar
         stage = "finish"
         dist.barrier()
         _write(run_dir / f"rank{ctx.rank}.json", {

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from .precision import parse_precision
+from .progress import bar
 
 DEFAULT_TIMEOUT = 180.0
 MARKER_ENV = "AMP_LESSONS_DIST_RUN"
@@ -47,6 +48,8 @@ WORKER = "amp_lessons.dist_worker"
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 HOOKS = ("allreduce", "bf16", "fp16")
 SCALERS = ("sharded", "amp")
+LOOPBACK = {"linux": "lo", "darwin": "lo0"}
+KILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL
 
 
 # --- errors that say what to do -------------------------------------------------------------
@@ -214,16 +217,19 @@ def free_port() -> int:
 
 
 def check_port(port: int) -> int:
-    """``port`` if rank 0 can listen on it, else :class:`PortInUseError`."""
+    """``port`` if rank 0 can listen on it, else :class:`PortInUseError`. Both the wildcard
+    address (where the rendezvous store listens) and 127.0.0.1 (where the ranks connect) are
+    tried: a socket bound to 127.0.0.1 alone blocks the first on Linux, the second on macOS."""
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer from 1 to 65535, or None for a free one; got {port!r}")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store does
-        try:
-            s.bind(("", port))
-            s.listen(1)
-        except OSError as err:
-            raise PortInUseError(_port_message(port, err.strerror)) from None
+    for host in ("", "127.0.0.1"):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store does
+            try:
+                s.bind((host, port))
+                s.listen(1)
+            except OSError as err:
+                raise PortInUseError(_port_message(port, err.strerror)) from None
     return port
 
 
@@ -244,6 +250,8 @@ def _rank_env(rank, nproc, port, marker, threads) -> dict:
                **{MARKER_ENV: marker, "AMP_LESSONS_DIST_LAUNCHER": str(os.getpid())})
     if rank is not None:
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0")
+    if sys.platform in LOOPBACK:  # all ranks are on this machine: gloo talks over loopback
+        env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK[sys.platform])
     paths = [_package_root(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
@@ -259,7 +267,7 @@ def torchrun_command(nproc: int, port: int, run_dir) -> list[str]:
 
 
 def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DEFAULT_TIMEOUT,
-           via: str = "direct", threads: int = 1, collective_timeout: float = 60.0) -> Run:
+           via: str = "direct", threads: int = 1, collective_timeout: float = 60.0, progress=None) -> Run:
     """Run ``jobs`` on ``nproc`` ranks and return what they recorded, as a :class:`Run`.
 
     ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank). ``port``: the
@@ -267,7 +275,8 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
     ``via="torchrun"`` starts the ranks with ``python -m torch.distributed.run``;
     ``"direct"`` starts them itself, with the same environment torchrun gives them.
     ``threads``: torch threads per rank (torchrun's default, 1). The ranks' output is kept
-    out of the notebook; it appears in the error when a rank fails.
+    out of the notebook; it appears in the error when a rank fails. A progress bar counts the
+    jobs the ranks have finished (``progress=False``, or ``AMP_LESSONS_PROGRESS=0``: none).
     """
     jobs = [dict(j) for j in jobs]
     names = [j.get("name") for j in jobs]
@@ -285,16 +294,19 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
         command = torchrun_command(nproc, port, run_dir)
         start = time.monotonic()
         procs = _start(run_dir, nproc, port, marker, threads, via, command)
+        shown = bar(len(jobs) * nproc, f"{nproc} ranks, jobs done", progress)
         try:
-            _wait(procs, run_dir, nproc, port, timeout, via)
+            _wait(procs, run_dir, nproc, port, timeout, via, shown)
             ranks = _read_records(run_dir, nproc, procs)
         except LaunchError as err:
             err.marker = marker
             raise
         finally:
             _stop(procs, marker, via)
-        shown = f"torchrun --nproc-per-node={nproc} -m {WORKER} RUN_DIR"
-        return Run(ranks, backend, ranks[0]["device"].split(":")[0], shown, time.monotonic() - start, names,
+            if shown is not None:
+                shown.close()
+        by_hand = f"torchrun --nproc-per-node={nproc} -m {WORKER} RUN_DIR"
+        return Run(ranks, backend, ranks[0]["device"].split(":")[0], by_hand, time.monotonic() - start, names,
                    marker)
 
 
@@ -325,9 +337,21 @@ def _start(run_dir, nproc, port, marker, threads, via, command) -> list[subproce
     return [popen(args, _rank_env(r, nproc, port, marker, threads), f"rank{r}") for r in range(nproc)]
 
 
-def _wait(procs, run_dir, nproc, port, timeout, via) -> None:
+def _jobs_done(run_dir) -> int:
+    done = 0
+    for path in run_dir.glob("rank*.progress"):
+        try:
+            done += int(path.read_text() or 0)
+        except (OSError, ValueError):
+            pass
+    return done
+
+
+def _wait(procs, run_dir, nproc, port, timeout, via, shown=None) -> None:
     deadline = time.monotonic() + timeout
     while True:
+        if shown is not None and (done := _jobs_done(run_dir)) > shown.n:
+            shown.update(done - shown.n)
         codes = [p.poll() for p in procs]
         if any(c not in (None, 0) for c in codes):
             time.sleep(0.2)  # let the other ranks' error files land, to name the first failure
@@ -423,16 +447,16 @@ def _stop(procs, marker, via) -> None:
     torchrun gets a SIGTERM first, which it passes on to its ranks."""
     for p in procs:
         if p.poll() is None:
-            _kill_group(p.pid, signal.SIGTERM if via == "torchrun" else signal.SIGKILL)
+            _kill_group(p.pid, signal.SIGTERM if via == "torchrun" else KILL)
     for p in procs:
         try:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            _kill_group(p.pid, signal.SIGKILL)
+            _kill_group(p.pid, KILL)
             p.wait(timeout=5)
     for pid in marked_pids(marker):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, KILL)
         except OSError:
             pass
 
@@ -493,7 +517,7 @@ def ddp_table(run: Run, names=None) -> str:
     return _table(["run", "weights", "forward output", "bucket", "all-reduced", "bytes/step", "grads"], rows)
 
 
-def hook_errors(run: Run, names=None, reference=None) -> dict:
+def hook_errors(run: Run, names=None) -> dict:
     """``{name: (bytes all-reduced per step, relative error vs a float32 all-reduce)}``."""
     return {n: (run[n][0]["sent_bytes"], run[n][0]["hook_error"]) for n in names or run.names}
 
@@ -536,6 +560,19 @@ def policy_table(run: Run, names=None) -> str:
                      s["gradient"]])
     return _table(["policy", "sharded param", "in forward", "all-gathered", "reduce-scattered", "op",
                    "grad"], rows)
+
+
+def comm_bytes(run: Run, names=None) -> str:
+    """Bytes rank 0 sent in one step of each FSDP2 run: all-gathers (forward and backward)
+    and reduce-scatters, with their dtypes."""
+    lines = []
+    width = max(len(n) for n in names or run.names)
+    for name in names or run.names:
+        r = run[name][0]
+        g, s = r["gather"], r["reduce"]
+        lines.append(f"{name:<{width}}  all-gathers {g['sent_bytes']:>6,} bytes ({','.join(g['sent'])}), "
+                     f"reduce-scatters {s['sent_bytes']:>6,} bytes ({','.join(s['sent'])})")
+    return "\n".join(lines)
 
 
 def fsdp_stages(record: dict) -> str:
@@ -620,7 +657,7 @@ def ring_errors(world_sizes=(2, 8, 64), n: int = 10_000, dtypes=("fp32", "fp16",
 
 SETUPS = {  # name: (strategy, dtype of the weight copy while computing, formulas: kept, copy)
     "DDP, fp32": ("ddp", None, "16 N", "0"),
-    "DDP + autocast bf16": ("ddp", "bf16", "16 N", "2 N"),
+    "DDP + autocast bf16": ("ddp", "bf16", "16 N", "2 N at most"),
     "FSDP2 (fp32)": ("fsdp", "fp32", "16 N / W", "4 L"),
     "FSDP2 (bf16, fp32)": ("fsdp", "bf16", "16 N / W", "2 L"),
 }
@@ -633,8 +670,9 @@ def memory_per_rank(n_params: int, setup: str, world_size: int = 1, layer_params
     (4 + 4 B): 16 B per parameter, on every rank with DDP, divided by ``world_size`` with
     FSDP2 (each rank keeps 1/world_size of every tensor; here n_params must divide evenly).
     Mixed precision changes none of that. It adds a copy of weights while computing:
-    autocast's bf16 copies of every weight (2 B per parameter, DDP + autocast), or FSDP2's
-    unsharded layer (``layer_params`` of them, at 4 B in fp32 or 2 B with param_dtype=bf16).
+    autocast's bf16 copies of the weights its matmuls use, saved for backward (DDP +
+    autocast: at most 2 B per parameter, counted as 2 N), or FSDP2's unsharded layer
+    (``layer_params`` of them, at 4 B in fp32 or 2 B with param_dtype=bf16).
     Activations are not counted.
     """
     if setup not in SETUPS:

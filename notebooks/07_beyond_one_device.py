@@ -1,0 +1,435 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Beyond one device: mixed precision under DDP and FSDP2
+#
+# On one device, mixed precision asks which dtype each op runs in. Once a model is trained on
+# several devices, two more questions come up: which dtype is *communicated* between them, and
+# which dtype each one *keeps*. The answers decide how many bytes go over the wire, how much
+# memory each device needs, and how accurate the summed gradients are.
+#
+# This lesson uses PyTorch's own engine, `torch.distributed`, with two real processes
+# (*ranks*) on this machine. On CPUs they talk through the gloo backend. The same code runs on
+# GPUs with NCCL, one GPU per rank. It covers DDP, which keeps a full copy of the model on
+# every rank, and FSDP2 (`fully_shard`), which shards the model across ranks.
+
+# %%
+# Setup, the same in every lesson: on Colab, install the course package first.
+import importlib.util
+import subprocess
+import sys
+
+REPO = "https://github.com/amp-lessons/amp-lessons"
+if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
+    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+
+import torch
+
+import amp_lessons
+
+amp_lessons.seed_everything(0)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = amp_lessons.pick_device()
+report = amp_lessons.hardware_report()
+print(f"device {device} ({report.name}), torch {report.torch_version}")
+
+# %% [markdown]
+# ## Two processes, started from a notebook
+#
+# `torch.multiprocessing.spawn` does not work from a notebook. It finds the function each
+# rank runs by its name in `__main__`, and a kernel's `__main__` is not a file, so the ranks
+# fail with `Can't get attribute ... on <module '__main__'>`. Instead, the course starts the
+# ranks the way `torchrun` does: N new Python processes, each running the module
+# `amp_lessons.dist_worker`. Each rank learns its rank, the world size and the rendezvous
+# address from environment variables. Each rank writes what it saw to a JSON file, and
+# `launch` reads the files back into the notebook. The ranks' own output stays out of the
+# notebook unless a rank fails.
+#
+# The first run trains the course's digits MLP with DDP for 20 steps, once in float32 and once
+# under bf16 autocast. Each rank trains on its own batches.
+
+# %%
+from amp_lessons import distributed as D
+
+DEVICE = "cpu"  # "cuda" runs NCCL, one GPU per rank
+ddp = D.launch([D.ddp_job("DDP fp32", precision="fp32"), D.ddp_job("DDP + autocast bf16", precision="bf16")],
+               nproc=2, device=DEVICE)
+print(D.describe_ranks(ddp))
+print("the same launch from a terminal:", ddp.command)
+
+# %% [markdown]
+# ## DDP + autocast: what goes over the wire
+#
+# After `backward()`, DDP averages the gradients over the ranks with an all-reduce. It
+# packs them into *buckets* and passes each bucket to a *comm hook*. The course's spy is
+# a hook that records the bucket DDP hands it and the tensor it passes to
+# `dist.all_reduce`; then it runs `allreduce_hook`, which does what DDP does without a hook.
+#
+# **Predict:** under bf16 autocast the matmuls run in bf16. Which dtype does DDP all-reduce?
+
+# %%
+print(D.ddp_table(ddp))
+
+# %% [markdown]
+# The all-reduce is float32 in both runs, and it sends as many bytes. Autocast casts each
+# weight to bf16 inside `forward`, and that cast is part of the autograd graph. Its backward
+# casts the gradient back to the weight's dtype, so a gradient always has its parameter's
+# dtype. The parameters are float32 master weights, so DDP's buckets are float32: 4 bytes
+# per parameter.
+
+# %%
+n_params = ddp["DDP fp32"][0]["n_params"]
+print(f"{n_params:,} parameters x 4 bytes = {4 * n_params:,} bytes all-reduced per step by each rank")
+print("every rank has the same loss curve and bit-identical weights:",
+      all(D.ranks_agree(ddp, name) for name in ddp.names))
+
+# %% [markdown]
+# ## Compress hooks: half the bytes, at a price
+#
+# `bf16_compress_hook` and `fp16_compress_hook` cast each bucket to 16 bits, divide it by
+# the world size, all-reduce it, and copy the result back into the float32 bucket. The
+# weights and gradients stay float32; only the message shrinks. Below they run on the float32
+# model, so the only rounding in each run is the hook's. At the first step, the spy also
+# all-reduces every bucket in float32 beside the hook, for reference.
+#
+# **Predict:** how many bytes does each hook send? Which one adds more error: bf16 (8
+# significant bits, float32's range) or fp16 (11 bits, a narrow range)?
+
+# %%
+hooks = D.launch([D.ddp_job(f"{h} hook", precision="fp32", hook=h) for h in D.HOOKS], device=DEVICE)
+print(D.ddp_table(hooks))
+
+# %%
+from amp_lessons.claims import at_least, at_most, between, check, measured
+
+errors = D.hook_errors(hooks)
+for name, (sent, error) in errors.items():
+    print(f"{name:<15} {sent:>6,} bytes/step   error against a float32 all-reduce {measured(error, '.1e')}")
+check("the allreduce hook is exactly DDP's float32 all-reduce", errors["allreduce hook"][1] == 0.0)
+
+# %%
+at_least("bf16_compress_hook adds at least 4x the error of fp16_compress_hook",
+         errors["bf16 hook"][1] / errors["fp16 hook"][1], 4, ".0f")
+
+# %%
+at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", errors["fp16 hook"][1], 1e-3)
+
+# %% [markdown]
+# A compress hook rounds every gradient to 16 bits before the sum, and the sum again. It is
+# worth that only where the step waits for the all-reduce, typically between machines:
+# measure your step time with the hook and without it.
+#
+# ## FSDP2: sharded, with a policy for each dtype
+#
+# FSDP2 keeps 1/W of every parameter on each of the W ranks: a `DTensor` sharded on dimension
+# 0. Just before a layer runs, the ranks *all-gather* its full parameters. After backward they
+# *reduce-scatter* its gradients, so each rank receives the averaged gradient of its own
+# shard. `MixedPrecisionPolicy(param_dtype, reduce_dtype)` sets the dtype of the gathered
+# parameters (so of the layer's computation) and of the reduce-scatter. The spy here is a
+# custom all-gather and reduce-scatter (`set_custom_all_gather`, `set_custom_reduce_scatter`)
+# that records each tensor before sending it the usual way.
+#
+# Each policy below trains the same MLP for 30 steps, with each Linear sharded.
+# **Predict:** with `(bf16, None)` (param_dtype bf16, reduce_dtype left at None), which dtype
+# is reduce-scattered? Which dtype does the gradient end up in?
+
+# %%
+POLICIES = {"(fp32)": (None, None), "(bf16, fp32)": ("bf16", "fp32"), "(bf16, None)": ("bf16", None),
+            "(fp16, fp32)": ("fp16", "fp32")}
+fsdp = D.launch([D.fsdp_job(name, p, r, steps=30) for name, (p, r) in POLICIES.items()]
+                + [D.fsdp_job("exercise", "fp16", None, steps=1)], device=DEVICE)
+print(D.policy_table(fsdp, POLICIES))
+
+# %% [markdown]
+# Read the table by column:
+#
+# - The **sharded parameter** is always float32. It holds the master weights that AdamW
+#   updates, whatever the policy.
+# - **In forward**, and **all-gathered**, the parameter is in `param_dtype`.
+# - The **reduce-scatter** runs in `reduce_dtype`. Left at None, it runs in the gradients' own
+#   dtype, which is `param_dtype`.
+# - The **gradient** that lands in the sharded parameter is float32 again, for the optimizer.
+#
+# **Predict:** how many bytes does a bf16 all-gather send, next to a float32 one? And a
+# float32 reduce-scatter, next to a bf16 one? Here is what rank 0 sent in one step:
+
+# %%
+print(D.comm_bytes(fsdp, POLICIES))
+
+# %% [markdown]
+# And here is what rank 0 holds of the first layer's weight under `(bf16, fp32)`:
+
+# %%
+print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
+
+# %% [markdown]
+# FSDP2's policy is not autocast. Every op of a sharded layer runs in `param_dtype`, including
+# the ones autocast would keep in float32, and the model's output is bf16. So the course's
+# ranks compute the loss from `logits.float()`. `MixedPrecisionPolicy(output_dtype=torch.float32)`
+# is another way to do it.
+#
+# ## Why `reduce_dtype=torch.float32`
+#
+# A reduction adds up numbers that come from different ranks. In 16 bits, that sum can lose a
+# small contribution, or overflow. Two ranks, for real: rank 0 holds 1.0 and rank 1 holds
+# 0.001. Then both hold 40000.
+#
+# **Predict** each sum in bf16 and in fp16.
+
+# %%
+red = D.launch([D.reduce_job()], device=DEVICE)
+pit = red["reduce"][0]
+print(D.pitfalls(pit, red.world_size))
+print(f"1.0 + 0.001 in float32: {measured(pit['swamp']['fp32'], '.4f')}")
+print(f"bf16's spacing next to 1.0: {torch.finfo(torch.bfloat16).eps}; "
+      f"fp16's largest value: {torch.finfo(torch.float16).max:g}")
+
+# %% [markdown]
+# Next to 1.0, bf16's numbers are 0.0078 apart, so 0.001 rounds away. fp16's largest value
+# is 65504, so 80000 overflows to inf. Dividing before the sum keeps it finite, and FSDP2
+# divides before an fp16 reduce-scatter for that reason. bf16 has float32's range and does
+# not overflow, but it rounds.
+#
+# The same two ranks now each hold 100,000 random gradients of size about 1e-3. How far
+# off is the all-reduced sum, against a float64 one?
+
+# %%
+err = pit["error"]
+for name in ("fp32", "fp16", "bf16"):
+    print(f"{pit['n']:,} gradients all-reduced in {name}: relative error {measured(err[name], '.1e')}")
+at_most("a float32 all-reduce is off by less than 1e-6", err["fp32"], 1e-6)
+
+# %%
+at_least("a bf16 all-reduce is off by at least 4x an fp16 one", err["bf16"] / err["fp16"], 4, ".1f")
+
+# %% [markdown]
+# Two ranks add each gradient only once. A ring all-reduce over W ranks adds hop by hop and
+# rounds at every hop, so the error grows with W. `ring_errors` simulates that order of
+# additions in this process: no ranks are started, and the world sizes are simulated.
+#
+# **Predict:** does bf16's error at 64 ranks stay near its error at 2?
+
+# %%
+ring = D.ring_errors((2, 8, 64))
+for w in (2, 8, 64):
+    print(f"{w:>2} ranks: " + "   ".join(f"{d} {measured(ring[(w, d)], '.1e')}" for d in ("fp32", "fp16", "bf16")))
+at_least("bf16's error at 64 ranks is at least 2x its error at 2 ranks", ring[(64, "bf16")] / ring[(2, "bf16")], 2)
+
+# %% [markdown]
+# A small gradient can also be lost beside a large one. Here rank 0 holds 1.0 and 63 other
+# ranks hold 0.001 each, added in ring order:
+
+# %%
+values = [torch.tensor(1.0)] + [torch.tensor(1e-3)] * 63
+print(f"bf16: {D.ring_sum(values, torch.bfloat16).item()}   "
+      f"float32: {measured(D.ring_sum(values, torch.float32).item(), '.4f')}")
+
+# %% [markdown]
+# Now the loss curves from the policy run above: bf16 compute in both, reduced in bf16
+# `(bf16, None)` or in float32 `(bf16, fp32)`. **Predict:** with 2 ranks, how far apart do
+# they end?
+
+# %%
+from amp_lessons.plots import loss_curves
+
+ends = {name: fsdp[name][0]["steps"][-1]["loss"] for name in ("(bf16, fp32)", "(bf16, None)")}
+print("final loss: " + ", ".join(f"{name} {measured(v, '.3f')}" for name, v in ends.items()))
+between("with 2 ranks, reducing in bf16 ends within 5% of reducing in float32",
+        ends["(bf16, None)"] / ends["(bf16, fp32)"], 0.95, 1.05)
+
+# %%
+loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends})
+
+# %% [markdown]
+# With 2 ranks, then, a bf16 reduce costs little here. The errors above grow with the number of
+# ranks summed, and a large gradient swamps small ones. A float32 reduce-scatter sends twice
+# the bytes of a bf16 one, and it is the safe default: `reduce_dtype=torch.float32`.
+#
+# ## GradScaler across ranks
+#
+# fp16 needs a GradScaler (lesson 03). With FSDP2, each rank unscales only its own shard of
+# the gradients, and an inf can sit in one rank's shard only. If that rank skipped the step
+# and the others took it, the shards of one model would come from different steps.
+#
+# Below, fp16 FSDP2 runs 4 steps, and at step 2 an inf is written into rank 1's own gradient
+# shard, after the reduce-scatter. A DDP run with fp16 autocast gets an inf loss on rank 1 at
+# step 2, before the all-reduce. **Predict:** does rank 0 skip step 2?
+
+# %%
+scalers = D.launch([D.fsdp_job("ShardedGradScaler", "fp16", "fp32", steps=4, scaler="sharded", inf_at=(1, 2)),
+                    D.fsdp_job("torch.amp.GradScaler", "fp16", "fp32", steps=4, scaler="amp", inf_at=(1, 2)),
+                    D.ddp_job("DDP + GradScaler", "fp16", steps=4, inf_at=(1, 2))], device=DEVICE)
+print(D.scaler_table(scalers, "ShardedGradScaler"))
+
+# %%
+for name in scalers.names:
+    print(f"{name:<22} steps skipped, by rank: {D.skipped_steps(scalers, name)}")
+
+# %% [markdown]
+# Every rank skipped step 2, and each halved its scale, though only rank 1 saw the inf.
+# `ShardedGradScaler` (in `torch.distributed.fsdp.sharded_grad_scaler`) all-reduces its "found
+# inf" flag over the ranks. `torch.amp.GradScaler` reached the same decision on FSDP2's
+# DTensor gradients. In DDP the inf needs no help: the all-reduce sums it into every rank's
+# gradients before `unscale_` looks at them.
+#
+# ## Memory per rank
+#
+# Training with AdamW keeps three things per parameter: the float32 weight (4 bytes), its
+# float32 gradient (4 bytes) and Adam's two moments, m and v (4 + 4 bytes). That makes 16
+# bytes per parameter. DDP keeps all of it on every rank. FSDP2 keeps 1/W of it on each.
+# Mixed precision changes none of these three; it adds a 16-bit copy of the weights while
+# they compute. Under DDP + autocast, that is the bf16 copy of each weight a matmul uses,
+# saved for backward: 2 bytes per parameter at most. Under FSDP2, it is the one layer that is
+# unsharded at a time: 4 bytes per parameter in fp32, 2 in bf16. Activations come on top of
+# all this, and are left out here.
+#
+# With N parameters, W ranks and L parameters in the largest layer, here is this lesson's model
+# on 2 ranks, in bytes:
+
+# %%
+fp32 = fsdp["(fp32)"][0]
+N, W, L = fp32["n_params"], fsdp.world_size, max(fp32["units"])
+print(f"N = {N:,}, W = {W}, L = {L:,}\n")
+print(D.memory_table(N, W, L))
+
+# %% [markdown]
+# **Predict:** does what rank 0 really holds after the `(bf16, fp32)` run match the
+# formula, to the byte?
+
+# %%
+mem = fsdp["(bf16, fp32)"][0]["memory"]
+held = mem["params"] + mem["grads"] + mem["optimizer"]
+print(f"rank 0 holds {mem['numel']:,} of {N:,} parameters: weights {mem['params']:,} + grads "
+      f"{mem['grads']:,} + Adam {mem['optimizer']:,} = {held:,} bytes")
+print("equal to 16 N / W:", held == D.memory_per_rank(N, "FSDP2 (bf16, fp32)", W, L)["kept"])
+whole = ddp["DDP + autocast bf16"][0]["memory"]
+print("a DDP rank holds 16 N:", whole["params"] + whole["grads"] + whole["optimizer"] == 16 * N)
+
+# %% [markdown]
+# Lesson 05's meter counts the bf16 weight copies that autocast saves for backward, here for
+# one forward pass of the same model:
+
+# %%
+from amp_lessons.dist_worker import lesson_model
+from amp_lessons.measure import saved_memory
+from amp_lessons.scaling import lesson_data
+
+x, y = lesson_data().batch(0, 64)
+copies = saved_memory(lesson_model("cpu"), x, y, "bf16").weight_copy_bytes
+print(f"bf16 weight copies saved: {copies:,} bytes; at most 2 N = {2 * N:,}: {copies <= 2 * N}")
+
+# %% [markdown]
+# The same arithmetic for a 7-billion-parameter model on 8 GPUs, in GiB (2^30 bytes). L is
+# one of 32 equal blocks:
+
+# %%
+N7, W7 = 7_000_000_000, 8
+print(D.memory_table(N7, W7, N7 // 32, unit=2**30))
+gpu = 80 * 2**30
+print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['kept'] <= gpu}; "
+      f"FSDP2's 16 N / 8 does: {D.memory_per_rank(N7, 'FSDP2 (bf16, fp32)', W7)['kept'] <= gpu}")
+
+# %% [markdown]
+# ## When to use which
+#
+# | | DDP | FSDP2 |
+# |---|---|---|
+# | kept per rank | 16 bytes per parameter: all of it | 16 / W bytes per parameter |
+# | mixed precision | autocast; the gradients and their all-reduce stay float32 | `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)` |
+# | fewer bytes sent | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
+# | fp16 | one GradScaler per rank; the all-reduce spreads an inf | a scaler that agrees across ranks (`ShardedGradScaler`) |
+# | use it when | 16 bytes per parameter plus activations fit on one device | they do not |
+#
+# ## When a launch goes wrong
+#
+# A rank that raises stops the whole run. `launch` stops the other ranks, which would
+# otherwise wait for it forever at their next collective, and raises an error that says
+# which rank failed and why:
+
+# %%
+from amp_lessons.show import expect_error
+
+with expect_error(D.RankFailedError):
+    D.launch([D.fail_job(rank=1, how="raise")], device=DEVICE)
+
+# %% [markdown]
+# A rendezvous port that is already taken (here, by a socket of this notebook), a run that
+# hangs past its `timeout`, and a device with no backend each fail with an error that says
+# what to do:
+
+# %%
+import socket
+
+with socket.socket() as busy:
+    try:
+        busy.bind(("127.0.0.1", 29500))  # torchrun's default port
+        busy.listen()
+    except OSError:
+        pass  # already taken by something else: the launch below fails the same way
+    with expect_error(D.PortInUseError):
+        D.launch([D.reduce_job()], port=29500, device=DEVICE)
+
+# %%
+with expect_error(D.LaunchTimeoutError):
+    D.launch([D.fail_job(rank=1, how="hang")], timeout=5, device=DEVICE)
+with expect_error(D.BackendUnavailableError):
+    D.launch([D.reduce_job()], device="mps")
+
+# %% [markdown]
+# ## Remember
+#
+# - Under DDP + autocast, gradients have their parameters' dtype: the all-reduce is float32,
+#   4 bytes per parameter. A compress hook halves the bytes and rounds every gradient.
+# - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and the gradients in float32. It
+#   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`, which
+#   means `param_dtype` when left at None.
+# - Reduce in float32. A 16-bit sum drops small contributions (bf16) or overflows (fp16), and
+#   its error grows with the number of ranks.
+# - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
+#   with FSDP2, use a scaler that agrees across ranks (`ShardedGradScaler`).
+# - With AdamW, weights, gradients and Adam's moments take 16 bytes per parameter, whatever
+#   the compute dtype: on every rank with DDP, divided by W with FSDP2.
+#
+# ## Watch out
+#
+# - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16. Set
+#   `reduce_dtype=torch.float32`.
+# - FSDP2's policy is not autocast: losses and softmaxes run in `param_dtype` unless you cast
+#   (`logits.float()`, or `output_dtype=torch.float32`).
+# - `mp.spawn` fails in notebooks. Launch a module with `torchrun` (or
+#   `python -m torch.distributed.run`) and read what the ranks write to files.
+# - A crashed run can leave ranks alive that hold the port and the GPUs. Kill the whole
+#   process group, not only the launcher.
+
+# %% [markdown]
+# ## Exercise: predict FSDP2's dtypes
+#
+# The policy run above had one more job, `"exercise"`: FSDP2 with
+# `MixedPrecisionPolicy(param_dtype=torch.float16)`, with reduce_dtype left at None. Its
+# row was not printed. Fill in the dtype at each stage (`torch.float16`, `"bf16"`,
+# `"float32"`, ...), and whether its reduce-scatter averages (`"avg"`) or sums with a
+# division before and after (`"sum"`). The checker compares your answer with what the ranks
+# recorded.
+
+# %%
+from amp_lessons.exercises import check_policy_prediction
+
+my_prediction = {"sharded": None, "forward": None, "reduce_scatter": None, "gradient": None, "op": None}
+
+check_policy_prediction(my_prediction, fsdp["exercise"][0])
