@@ -198,6 +198,8 @@ BAD_VALUES = {
     "history of another length": (lambda s: s["history"].pop(), "its history holds 4 records for 5 steps"),
     "scale 0": (lambda s: s["scaler"].__setitem__("scale", 0.0),
                 "its GradScaler state is invalid: the loss scale must be a positive finite number; got 0.0"),
+    "scale below the floor": (lambda s: s["scaler"].__setitem__("scale", 1e-6),
+                              "holds a loss scale of 1e-06, below this trainer's floor min_scale=6.1e-05"),
     "scale inf": (lambda s: s["scaler"].__setitem__("scale", math.inf), "the loss scale must be a positive"),
     "backoff 1": (lambda s: s["scaler"].__setitem__("backoff_factor", 1.0), "backoff_factor must be between"),
     "growth tracker": (lambda s: s["scaler"].__setitem__("_growth_tracker", 5000),

@@ -145,13 +145,23 @@ def test_zero_frac_is_the_exact_share_of_zero_gradient_values():
     assert t.fit(3)["zero_frac"] == counts
 
 
+def clip_grad_norms_norm(grads):
+    """The total norm ``clip_grad_norm_`` computes (and returns), on every torch release."""
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    return torch.nn.utils.clip_grad_norm_(params, max_norm=math.inf)
+
+
 def test_global_norm_is_clip_grad_norms_norm():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(300, 200, generator=g) * 1e-3, torch.randn(7, generator=g), torch.randn(3, 1, generator=g).t()]
-    reference = torch.nn.utils.get_total_norm(grads)
+    reference = clip_grad_norms_norm(grads)
     assert _global_norm(grads).item() == pytest.approx(reference.item(), rel=1e-6)
+    exact = math.sqrt(sum(float((t.double() ** 2).sum()) for t in grads))
+    assert _global_norm(grads).item() == pytest.approx(exact, rel=1e-6)
     huge = [torch.full((4,), 1e20), torch.ones(3)]  # squares overflow float32, as in the clip
-    assert math.isinf(_global_norm(huge).item()) and math.isinf(torch.nn.utils.get_total_norm(huge).item())
+    assert math.isinf(_global_norm(huge).item()) and math.isinf(clip_grad_norms_norm(huge).item())
     assert math.isinf(_global_norm([torch.tensor([1.0, math.inf])]).item())
     assert math.isnan(_global_norm([torch.tensor([1.0, math.nan])]).item())
     assert _global_norm([]).item() == 0.0

@@ -20,6 +20,7 @@ the true norm with ``max_norm``: its effective threshold is ``max_norm / S``. He
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import statistics
 import warnings
@@ -476,6 +477,10 @@ def check_clipping(scaler):
         tracker.unwrap()
 
 
+# GradScaler's device when none is given ("cuda" in torch 2.11-2.14), read from its signature.
+_DEFAULT_SCALER_DEVICE = inspect.signature(torch.amp.GradScaler.__init__).parameters["device"].default
+
+
 @contextlib.contextmanager
 def record_amp_calls():
     """Log every ``torch.amp.GradScaler`` built inside (whether a device was passed, and
@@ -488,8 +493,9 @@ def record_amp_calls():
     class RecordingGradScaler(real_class):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
+            given = args[0] if args else kwargs.get("device", _DEFAULT_SCALER_DEVICE)
             log.scalers.append({"device_given": bool(args) or "device" in kwargs,
-                                "device": self._device, "enabled": self.is_enabled()})
+                                "device": getattr(self, "_device", str(given)), "enabled": self.is_enabled()})
             log.trackers.append(_Tracker(self, log))
 
     targets = _clip_targets(_clip_wrappers(log, log.trackers))

@@ -762,6 +762,12 @@ class Trainer:
             raise CheckpointError(f"{path} was saved {saved} a GradScaler and this trainer runs "
                                   f"{'with' if self.scaler.is_enabled() else 'without'} one; its loss "
                                   "scale could not be resumed. Create the Trainer the same way (scaler=...).")
+        scale = state["scaler"].get("scale") if state["scaler"] else None
+        if _is_number(scale) and 0 < scale < self.min_scale:
+            raise CheckpointError(f"{path} holds a loss scale of {scale:.3g}, below this trainer's floor "
+                                  f"min_scale={self.min_scale:.3g}: its run had collapsed, and resuming it "
+                                  "would stop at the first step. Create the Trainer with a lower min_scale "
+                                  "to look at it anyway.")
 
     def _check_values(self, state) -> None:
         """Raise :class:`CheckpointError` naming the first value a run could not hold."""
