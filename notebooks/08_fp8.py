@@ -424,15 +424,16 @@ fp8_training(runs, scales.series())
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from amp_lessons.fp8 import torchao_float8
+from amp_lessons.fp8 import fits_fp8, torchao_float8
 
 found, why_not = torchao_float8()
 if found is None:
     print(why_not)
 else:
     convert_to_float8_training, Float8LinearConfig = found
-    model_ao = convert_to_float8_training(mlp(64, 64, 10, depth=2),
-                                          config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    model_ao = convert_to_float8_training(mlp(64, 64, 10, depth=2),  # the head stays float32, as above
+                                          config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                                          module_filter_fn=lambda module, name: fits_fp8(module))
     t = Trainer(model_ao, data, precision="fp32", device=device, lr=5e-3)
     history_ao = t.fit(300)
     print(f"torchao (tensorwise): loss {measured(history_ao['loss'][-1])}, test accuracy "
