@@ -23,6 +23,8 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's source (06)
 - ``distributed`` DDP and FSDP2 on N real ranks: ``launch``, the records, memory per rank,
   ``python -m amp_lessons dist`` (07); ``dist_worker`` is what each rank runs
+- ``fp8``        amax scales per tensor and per row, quantize, the census in e4m3/e5m2,
+  ``torch._scaled_mm``, a minimal fp8 linear layer (08)
 """
 
 from .hardware import hardware_report, pick_device
