@@ -279,6 +279,30 @@ def test_the_latency_benchmark_moves_the_controls_these_tests_move():
     assert timed == checked
 
 
+class _Config:
+    """Just enough of pytest's config for :func:`requested`."""
+
+    def __init__(self, markexpr: str):
+        self.markexpr = markexpr
+
+    def getoption(self, name, default=None):
+        return self.markexpr if name == "markexpr" else default
+
+
+def test_browser_tests_run_only_when_asked_and_fail_then_if_they_cannot(monkeypatch):
+    monkeypatch.delenv(BROWSER_ENV, raising=False)
+    assert not requested(_Config("")) and not requested(_Config("not browser"))
+    assert requested(_Config("browser")) and requested(_Config("browser and not slow"))
+    with pytest.raises(pytest.skip.Exception, match="chromium not found"):
+        _missing(_Config(""), "chromium not found")
+    with pytest.raises(pytest.fail.Exception, match="chromium not found; the browser tests were asked for"):
+        _missing(_Config("browser"), "chromium not found")
+    monkeypatch.setenv(BROWSER_ENV, "1")
+    assert requested(_Config(""))
+    with pytest.raises(pytest.fail.Exception, match="playwright is not installed"):
+        _missing(_Config(""), "playwright is not installed")
+
+
 def unmoved_controls(box, steps) -> list[str]:
     """The controls of a rendered widget that no step moves (a control with one choice,
     such as the device on a CPU-only machine, has nothing to move to and is left out)."""
