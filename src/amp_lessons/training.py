@@ -13,6 +13,11 @@ recipe, with ``enabled=`` flags instead of branches::
 
 For teaching, the loop can also clip *before* ``unscale_`` (lesson 04), run fp16 without a
 scaler (lesson 03) and make the loss non-finite at chosen steps (lesson 03).
+
+A step counts as skipped when the optimizer did not apply it (seen by a hook on the
+optimizer, not guessed from the scale). Checkpoints (:meth:`Trainer.save`) carry a SHA-256
+digest of their contents; :meth:`Trainer.load` recomputes it and checks every value before
+it changes anything.
 """
 
 from __future__ import annotations
@@ -99,7 +104,7 @@ class History:
 
     @property
     def skipped(self) -> int:
-        """How many optimizer steps GradScaler skipped."""
+        """How many steps the optimizer did not apply (GradScaler found inf/NaN gradients)."""
         return sum(r.skipped for r in self.records)
 
     def as_dicts(self) -> list[dict]:
@@ -727,7 +732,9 @@ class Trainer:
             self._check_compatible(state, path)
             self._check_values(state)
         except CheckpointError as err:
-            raise CheckpointError(f"{path}: {err}" if not str(err).startswith(str(path)) else str(err)) from None
+            if str(err).startswith(str(path)):  # about this trainer: the message says what to do
+                raise
+            raise CheckpointError(f"{path} cannot be resumed: {err}. Nothing was changed.") from None
         except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
             raise CheckpointError(f"{path} holds a malformed checkpoint ({type(err).__name__}: "
                                   f"{_first_line(err)}); nothing was changed.") from err
