@@ -409,3 +409,9 @@ def test_torchao_is_optional(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao -> ImportError
     found, why = fp8.torchao_float8()
     assert found is None and 'pip install -e ".[fp8]"' in why
+
+
+def test_selfcheck_on_this_cpu():
+    verdicts = fp8.selfcheck("cpu")
+    assert len(verdicts) == 3 and all(v.holds for v in verdicts), [str(v) for v in verdicts]
+    assert "the stricter rules are CUDA's" in str(verdicts[-1])

@@ -497,3 +497,72 @@ def torchao_float8():
     except Exception as err:  # a torchao built for another torch fails in many ways
         return None, f"torchao did not import with torch {torch.__version__}: {type(err).__name__}: {err}"
     return (convert_to_float8_training, Float8LinearConfig), None
+
+
+# -- make gpu-check -----------------------------------------------------------------------------
+
+
+def _refuses(fn) -> str | None:
+    """The first line of the error ``fn()`` raises, or None if it runs."""
+    try:
+        fn()
+    except (RuntimeError, ValueError, NotImplementedError) as err:
+        return str(err).strip().splitlines()[0]
+    return None
+
+
+def selfcheck(device=None) -> list:
+    """Lesson 08's statements about devices, checked on ``device`` (``make gpu-check``).
+
+    On a CUDA GPU: the e4m3 cast there does what the CPU's does in this release;
+    ``_scaled_mm`` runs exactly where :func:`amp_lessons.hardware.fp8_support` says fp8 is
+    fast, equals the float32 product on exact inputs, and refuses e5m2 x e5m2 and
+    dimensions that are not multiples of 16. On a CPU: ``_scaled_mm`` runs, is exact, and
+    accepts what CUDA refuses (the stricter rules are CUDA's).
+    """
+    from .claims import check
+    from .hardware import fp8_support, hardware_report, pick_device
+
+    dev = pick_device(device)
+    out = []
+    a, b = ((torch.arange(16 * 32) % 9 - 4) / 4).reshape(16, 32), ((torch.arange(16 * 32) % 7 - 3) / 4).reshape(16, 32)
+    a, b = a.to(dev), b.to(dev)
+    qa, qb = quantize(a, power_of_2=True), quantize(b, power_of_2=True)
+    e5 = quantize(a, "fp8_e5m2", power_of_2=True)
+    runs = scaled_mm_support(dev)["tensor"] is None
+    if dev.type == "cuda":
+        cc = hardware_report(dev).cuda_capability
+        fast, _ = fp8_support("cuda", cc)
+        cpu, here = _e4m3_overflow_pair(dev)
+        out.append(check("the e4m3 cast on this GPU stores what the CPU's does for 1e6 and inf",
+                         cpu == here, f"cpu {cpu}, cuda {here}"))
+        out.append(check(f"torch._scaled_mm runs on this GPU exactly when fp8_support says fp8 is fast "
+                         f"(compute capability {cc[0]}.{cc[1]})", runs == fast,
+                         f"runs {runs}, fast {fast}"))
+        if runs:
+            out.append(check("_scaled_mm equals the float32 product exactly on exact inputs",
+                             torch.equal(scaled_mm(qa, qb), a @ b.T)))
+            why = _refuses(lambda: scaled_mm(e5, e5))
+            out.append(check("CUDA's _scaled_mm refuses e5m2 x e5m2", why is not None, why or "it ran"))
+            odd = quantize(torch.ones(16, 24, device=dev))
+            why = _refuses(lambda: scaled_mm(odd, odd))
+            out.append(check("CUDA's _scaled_mm refuses an inner dimension that is not a multiple of 16 (24)",
+                             why is not None, why or "it ran"))
+    else:
+        out.append(check(f"torch._scaled_mm runs on {dev.type}", runs, str(scaled_mm_support(dev))))
+        if runs:
+            out.append(check(f"_scaled_mm equals the float32 product exactly on exact inputs ({dev.type})",
+                             torch.equal(scaled_mm(qa, qb), a @ b.T)))
+            odd = quantize(torch.ones(16, 24, device=dev))
+            accepted = _refuses(lambda: scaled_mm(e5, e5)) is None and _refuses(lambda: scaled_mm(odd, odd)) is None
+            out.append(check(f"{dev.type}'s _scaled_mm takes e5m2 x e5m2 and a 24-wide inner dimension "
+                             "(the stricter rules are CUDA's)", accepted))
+    return out
+
+
+def _e4m3_overflow_pair(device):
+    """What the e4m3 cast stores for ``(1e6, inf)`` on the CPU and on ``device``."""
+    from .formats import e4m3_overflow
+
+    cpu, here = e4m3_overflow("cpu"), e4m3_overflow(device)
+    return (cpu.finite, cpu.inf), (here.finite, here.inf)
