@@ -379,8 +379,8 @@ print(amp_lessons.claims.at_least("yet every fp8 gradient points the way float32
 # %% [markdown]
 # ## Training in fp8 against bf16
 #
-# The same MLP, the same batches, 300 steps: once in bf16 autocast, once with the fp8
-# layers (their weights and the head in float32). `ScaleHistory` keeps each fp8 operand's
+# The same MLP from the same weights, the same batches, 300 steps: once in bf16 autocast,
+# once with the fp8 layers (their weights and the head in float32). `ScaleHistory` keeps each fp8 operand's
 # scale at every step. **Predict:** does fp8 keep up?
 
 # %%
@@ -388,11 +388,12 @@ from amp_lessons.fp8 import ScaleHistory
 from amp_lessons.hardware import supported_precisions
 
 baseline = "bf16" if supported_precisions(device)["bf16"] is None else "fp16"
+start = mlp(64, 64, 10, depth=2)  # both runs start from these weights
 scales = ScaleHistory()
 runs, accuracy = {}, {}
 for label, model, precision, callbacks in [
-        (baseline, mlp(64, 64, 10, depth=2), baseline, []),
-        ("fp8 (tensorwise)", convert_to_fp8(mlp(64, 64, 10, depth=2), emulate=emulate), "fp32", [scales])]:
+        (baseline, copy.deepcopy(start), baseline, []),
+        ("fp8 (tensorwise)", convert_to_fp8(copy.deepcopy(start), emulate=emulate), "fp32", [scales])]:
     t = Trainer(model, data, precision=precision, device=device, lr=5e-3, callbacks=callbacks)
     runs[label] = t.fit(300)
     accuracy[label] = t.evaluate()
@@ -411,9 +412,21 @@ from amp_lessons.plots import fp8_training
 fp8_training(runs, scales.series())
 
 # %% [markdown]
-# Right: every operand finds its own scale at every step, and the gradients' scale sits
-# many powers of two above the weights'. That is the whole difference from fp16 with a
-# GradScaler: there, one scale for all gradients; here, one per tensor, recomputed each step.
+# Right: every operand finds its own scale at every step. How far apart are the gradients'
+# scales and the weights'?
+
+# %%
+import statistics
+
+series = scales.series()
+log2_scale = {kind: statistics.median(v for k, s in series.items() if k.endswith(kind) for v in s)
+              for kind in (".weight", ".grad_output")}
+print(amp_lessons.claims.at_least("the gradients' scale is at least 2^8 times the weights'",
+                                  log2_scale[".grad_output"] - log2_scale[".weight"], 8, ".1f"))
+
+# %% [markdown]
+# That is the whole difference from fp16 with a GradScaler: there, one scale for all
+# gradients; here, one per tensor, recomputed each step.
 #
 # ## The same with torchao
 #
@@ -431,7 +444,7 @@ if found is None:
     print(why_not)
 else:
     convert_to_float8_training, Float8LinearConfig = found
-    model_ao = convert_to_float8_training(mlp(64, 64, 10, depth=2),  # the head stays float32, as above
+    model_ao = convert_to_float8_training(copy.deepcopy(start),  # the head stays float32, as above
                                           config=Float8LinearConfig.from_recipe_name("tensorwise"),
                                           module_filter_fn=lambda module, name: fits_fp8(module))
     t = Trainer(model_ao, data, precision="fp32", device=device, lr=5e-3)
@@ -468,8 +481,8 @@ print(e4m3_overflow(device))
 # %% [markdown]
 # ## Remember
 #
-# - e4m3 (for inputs and weights) and e5m2 (for gradients) have fewer than half of fp16's
-#   powers of two; a tensor is never cast as it is.
+# - e4m3 (for inputs and weights) spans fewer than half of fp16's powers of two, e5m2 (for
+#   gradients) fewer than fp16 with two mantissa bits; a tensor is never cast as it is.
 # - Each tensor gets `scale = fmt.max / amax`, computed every step: nothing overflows, and
 #   only values far below the largest one flush. Per-row scales flush fewer still.
 # - `torch._scaled_mm` is dequantize-then-matmul: on a CPU literally, on an fp8 GPU on
@@ -498,8 +511,8 @@ print(inspect.getsource(row_scale_as_given))
 # %% [markdown]
 # Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
 # checker runs it on exact inputs in e4m3 and e5m2: one ordinary row per power of two, an
-# outlier row, a row of zeros (a dead ReLU unit's gradient has one) and a row with a
-# single value. As given, it checks the function above:
+# outlier row, a row of zeros (a dead ReLU unit puts one in the backward pass) and a row
+# with a single value. As given, it checks the function above:
 
 # %%
 my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, name="fp8_e4m3"): ...
