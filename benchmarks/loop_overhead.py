@@ -27,8 +27,10 @@ for ``--seconds`` per row (at least 7 rounds). Per loop, the table gives the med
 step; ``ratio``, the median over rounds of the Trainer's block time over the hand loop's
 in the same round (the figure judged against the 5% budget, for ``stats off``), and its
 ``quartiles`` (how far one run can be trusted: on a machine shared with other processes
-they spread by a few percent); ``+ms``, the median of the per-round differences: what the
-statistics add to a step (``stats on`` minus ``stats off``). On a busy machine add
+they spread by a few percent); ``stats +ms``, the median of the per-round differences: what
+the statistics add to a step (``stats on`` minus ``stats off``), and ``alone``, the median
+time of the two statistics by themselves on gradients of the model's shapes (the same
+figure without the noise of whole steps around it). On a busy machine add
 ``--threads 1``: one thread is slowed less by other processes than two that wait for each
 other.
 
@@ -137,7 +139,23 @@ def compare(precision, device, depth, width, batch_size, seconds, block_s=0.3, m
         row[f"{key}_ratio"] = statistics.median(ratios)
         row[f"{key}_quartiles"] = statistics.quantiles(ratios, n=4, method="inclusive")[::2]
     row["stats_ms"] = statistics.median(a - b for a, b in zip(times["stats on"], times["stats off"]))
+    row["stats_alone_ms"] = statistics_alone_ms(on.model)
     return row
+
+
+def statistics_alone_ms(model, repeats=21) -> float:
+    """The two statistics by themselves, on gradients shaped like ``model``'s: the median ms
+    of what ``grad_stats=True`` adds to a step (the zero count and the L2 norm the Trainer
+    computes), without the noise of whole steps around it."""
+    from amp_lessons.training import _count_zeros, _global_norm  # what the Trainer runs
+
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        float(_count_zeros(grads)), float(_global_norm(grads))
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[2:])
 
 
 def main(argv=None) -> int:
@@ -159,7 +177,7 @@ def main(argv=None) -> int:
     print(f"{args.depth}x{args.width} MLP ({params / 1e6:.1f} M parameters), {device}, "
           f"{torch.get_num_threads()} threads; medians of interleaved blocks")
     print(f"{'batch':>5}  {'precision':<10}{'hand ms':>9}{'stats off':>11}{'ratio':>7}{'quartiles':>13}"
-          f"{'stats on':>10}{'ratio':>7}{'quartiles':>13}{'stats +ms':>11}{'rounds':>14}"
+          f"{'stats on':>10}{'ratio':>7}{'quartiles':>13}{'stats +ms':>11}{'alone':>7}{'rounds':>14}"
           f"  off within {BUDGET:.0%}")
     worst = 0.0
     for batch in args.batch:
@@ -174,6 +192,7 @@ def main(argv=None) -> int:
             q_on = "{:.3f}-{:.3f}".format(*row["on_quartiles"])
             print(f"{batch:>5}  {p:<10}{row['hand_ms']:>9.1f}{row['off_ms']:>11.1f}{row['off_ratio']:>7.3f}"
                   f"{q_off:>13}{row['on_ms']:>10.1f}{row['on_ratio']:>7.3f}{q_on:>13}{row['stats_ms']:>11.2f}"
+                  f"{row['stats_alone_ms']:>7.2f}"
                   f"{blocks:>14}  {'yes' if row['off_ratio'] <= 1 + BUDGET else 'NO'}", flush=True)
     load = load_average()
     print(f"worst ratio with statistics off {worst:.3f}: the Trainer adds {max(0.0, worst - 1):.1%} to a step"

@@ -345,7 +345,7 @@ def test_a_precision_too_slow_here_is_skipped_and_says_why(monkeypatch):
 def test_a_slow_matmul_size_is_skipped_not_run(monkeypatch):
     calls = []
 
-    def slow(n, precision, device):
+    def slow(n, precision, device, **kwargs):
         calls.append(n)
         return 0.01  # GFLOP/s: n=256 would take minutes
 

@@ -56,7 +56,7 @@ def test_compare_interleaves_three_loops_and_reports_medians():
     for key in ("off", "on"):
         low, high = row[f"{key}_quartiles"]
         assert low <= row[f"{key}_ratio"] <= high
-    assert row["skipped"] == 0 and "stats_ms" in row
+    assert row["skipped"] == 0 and "stats_ms" in row and row["stats_alone_ms"] > 0
 
 
 def test_the_table_has_a_row_per_batch_and_precision(capsys, monkeypatch):

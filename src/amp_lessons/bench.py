@@ -6,12 +6,15 @@ steps in fp32, tf32, bf16 and fp16 + GradScaler in one process, with the timed s
 interleaved so that all precisions share the machine's drift. Per precision: median
 ms/step, speedup against fp32, activation memory saved for backward (and its ratio to
 fp32), the 16-bit weight copies apart, achieved TFLOP/s, and on CUDA the step's peak
-memory. A matmul block shows achieved GFLOP/s per dtype and size; its best size is the
-device's measured *peak* in that precision, which is *why* a precision is fast or slow here.
+memory. A matmul block shows achieved GFLOP/s per dtype and size (the best of its repeats:
+what the kernel can reach); its best size is the device's measured *peak* in that
+precision, which is *why* a precision is fast or slow here. Steps are read as medians, so
+on a busy machine a step's fraction of that peak reads low.
 
-Sizes (``--size``): ``small`` is quick everywhere and dominated by small kernels; ``large``
-makes the matmuls most of an fp32 step on this device type (a CPU, or a GPU); ``default``
-runs the MLP large and the transformer small, so one run shows both regimes. Every
+Sizes (``--size``): ``small`` is quick everywhere; ``large`` makes the matmuls most of an
+fp32 step on this device type (a CPU, or a GPU); ``default`` runs the MLP at its large
+size, so that every run includes a matmul-bound step, and the transformer at its small
+size, so that the run stays quick. Every
 configuration is estimated before it is built (parameters, bytes, FLOPs on the meta
 device, extrapolated in depth): sizes that cannot fit the free memory, or whose fp32
 step would take longer than ``--max-step-seconds`` at the measured matmul rate, are
@@ -77,8 +80,8 @@ class Sizes:
     heads: int = 4
 
 
-# small: quick on any device, dominated by small kernels. large: matmuls are most of an
-# fp32 step on that kind of device (measured: benchmarks/README.md).
+# small: quick on any device. large: matmuls are most of an fp32 step on that kind of
+# device (measured: benchmarks/README.md).
 SIZES = {
     "cpu": {
         "small": {"mlp": Sizes(width=512, depth=4, batch=128),
@@ -93,7 +96,7 @@ SIZES = {
                   "transformer": Sizes(width=1024, depth=4, batch=16, seq=512, heads=16)},
     },
 }
-DEFAULT_SIZE = {"mlp": "large", "transformer": "small"}  # --size default: one of each regime
+DEFAULT_SIZE = {"mlp": "large", "transformer": "small"}  # --size default: a matmul-bound MLP, quickly
 MATMUL_SIZES = {"cpu": (128, 256, 512, 1024), "cuda": (1024, 2048, 4096, 8192)}
 
 
@@ -709,8 +712,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help="comma-separated precisions (default: all; those this device cannot run are named)")
     p.add_argument("--size", choices=SIZE_CHOICES, default="default",
-                   help="small: quick, small kernels dominate; large: matmuls are most of an fp32 step "
-                        "on this device type; default: the MLP large and the transformer small")
+                   help="small: quick; large: matmuls are most of an fp32 step on this device type; "
+                        "default: the MLP large (matmul-bound) and the transformer small")
     p.add_argument("--width", type=int, help="MLP hidden width / transformer dim")
     p.add_argument("--depth", type=int, help="MLP hidden layers / transformer blocks")
     p.add_argument("--batch", type=int, help="batch size")

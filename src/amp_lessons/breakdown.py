@@ -163,6 +163,17 @@ class Breakdown:
         return self.matmul_ms / self.total_ms if self.total_ms else 0.0
 
     @property
+    def rest_ms(self) -> float:
+        """Everything but the matmuls: the part 16-bit matmul kernels cannot speed up."""
+        return self.total_ms - self.matmul_ms
+
+    @property
+    def coverage(self) -> float:
+        """How much of each profiled step the categories account for: the median over the
+        steps of their sum / the step's wall time (1.0: all of it)."""
+        return statistics.median(parts / wall for parts, wall in self.samples) if self.samples else 0.0
+
+    @property
     def reference_ms(self) -> float:
         return self.step_ms if self.step_ms else self.total_ms
 
@@ -183,7 +194,8 @@ class Breakdown:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(total_ms=self.total_ms, matmul_share=self.matmul_share, step_gflops=self.step_gflops,
+        d.update(total_ms=self.total_ms, matmul_share=self.matmul_share, rest_ms=self.rest_ms,
+                 coverage=self.coverage, step_gflops=self.step_gflops,
                  matmul_gflops=self.matmul_gflops, peak_fraction=self.peak_fraction,
                  shares={k: self.share(k) for k in self.ms})
         return d
@@ -193,32 +205,47 @@ class Breakdown:
 class Amdahl:
     """How fast ``precision``'s step could be against fp32's, from the fp32 step's matmul share.
 
-    - ``share``: fp32's matmul time / fp32's step;
-    - ``matmul_ratio``: the device's best matmul rate in ``precision`` / in fp32;
-    - ``bound``: Amdahl's law, the step speedup if only the matmuls changed, by that
-      ratio: ``1 / ((1 - share) + share / matmul_ratio)``;
-    - ``free_rest``: the step speedup over fp32 if everything but ``precision``'s own
-      matmuls were free: fp32's step / its matmul time;
-    - ``measured``: fp32's step / ``precision``'s step, both timed without the profiler.
+    - ``share``: fp32's matmul time / fp32's step (profiled);
+    - ``matmul_ratio``: the device's best matmul rate in ``precision`` / in fp32 (the
+      matmul block's best sizes), and ``bound``, Amdahl's law with it: the step speedup if
+      only the matmuls changed, by that ratio: ``1 / ((1 - share) + share / matmul_ratio)``;
+    - ``step_matmul_ratio``: fp32's matmul time / ``precision``'s, as they ran in the
+      profiled steps (their shapes are not the best sizes), and ``step_bound`` with it;
+    - ``free_rest``: the speedup over fp32 if everything but ``precision``'s own matmuls
+      were free: fp32's step / those matmuls' time;
+    - ``profiled``: fp32's profiled step / ``precision``'s (the same interleaved rounds);
+      ``measured``: the same ratio of the steps timed without the profiler.
+
+    ``profiled`` above ``step_bound`` would mean the rest of the step got faster in
+    ``precision``; below, that it got slower (autocast's casts add to it).
     """
 
     precision: str
     share: float
     matmul_ratio: float
     bound: float
+    step_matmul_ratio: float | None
+    step_bound: float | None
     free_rest: float | None
+    profiled: float | None
     measured: float | None
 
     def line(self) -> str:
         verb = "allows the step at most" if self.matmul_ratio >= 1 else "predicts the step at"
-        parts = [f"{self.precision} vs fp32: matmuls are {self.share:.0%} of the fp32 step; at "
-                 f"{self.precision}'s peak matmul ratio {self.matmul_ratio:.2f}x, Amdahl's law {verb} "
-                 f"{self.bound:.2f}x"]
-        if self.measured is not None:
-            parts.append(f"measured {self.measured:.2f}x")
+        text = (f"{self.precision} vs fp32: matmuls are {self.share:.0%} of the fp32 step. Amdahl's law: at "
+                f"{self.precision}'s peak matmul ratio {self.matmul_ratio:.2f}x (best sizes) it {verb} "
+                f"{self.bound:.2f}x")
+        if self.step_bound is not None:
+            text += (f"; at the {self.step_matmul_ratio:.2f}x its matmuls ran in these steps, "
+                     f"{self.step_bound:.2f}x")
+        measured = [f"{v:.2f}x {what}" for v, what in ((self.profiled, "profiled"),
+                                                       (self.measured, "timed without the profiler"))
+                    if v is not None]
+        if measured:
+            text += ". Measured: " + ", ".join(measured)
         if self.free_rest is not None:
-            parts.append(f"with everything but the matmuls free: {self.free_rest:.2f}x")
-        return "; ".join(parts)
+            text += f". If everything but the matmuls were free: {self.free_rest:.2f}x"
+        return text + "."
 
 
 def amdahl_bound(share: float, matmul_ratio: float) -> float:
@@ -234,11 +261,14 @@ def amdahl(fp32: Breakdown, other: Breakdown) -> Amdahl | None:
     if not (fp32.peak_gflops and other.peak_gflops and fp32.total_ms):
         return None
     ratio = other.peak_gflops / fp32.peak_gflops
+    step_ratio = fp32.matmul_ms / other.matmul_ms if other.matmul_ms and fp32.matmul_ms else None
+    step_bound = amdahl_bound(fp32.matmul_share, step_ratio) if step_ratio else None
     free = fp32.reference_ms / (other.matmul_ms * other.reference_ms / other.total_ms) \
         if other.matmul_ms else None
+    profiled = fp32.total_ms / other.total_ms if other.total_ms else None
     measured = fp32.step_ms / other.step_ms if fp32.step_ms and other.step_ms else None
     return Amdahl(other.precision, fp32.matmul_share, ratio, amdahl_bound(fp32.matmul_share, ratio),
-                  free, measured)
+                  step_ratio, step_bound, free, profiled, measured)
 
 
 # -- profiling a Trainer ------------------------------------------------------------------
