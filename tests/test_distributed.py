@@ -244,6 +244,19 @@ def test_fsdp_dtypes_follow_the_policy(run):
 
 
 @pytest.mark.distributed
+def test_fsdp_bytes_per_step_follow_the_dtypes(run):
+    fp32_reduce, bf16_reduce = run["(bf16, fp32)"][0], run["(bf16, None)"][0]
+    n = fp32_reduce["n_params"]
+    assert fp32_reduce["reduce"]["sent_bytes"] == 4 * n == 2 * bf16_reduce["reduce"]["sent_bytes"]
+    assert fp32_reduce["gather"]["sent_bytes"] == bf16_reduce["gather"]["sent_bytes"]
+    shard_bytes = n // 2 * 2  # each all-gather sends this rank's shard: n / 2 parameters in bf16
+    assert fp32_reduce["gather"]["sent_bytes"] in (shard_bytes, 2 * shard_bytes)  # forward (+ backward)
+    assert "reduce-scatters 35,880 bytes (float32)" in D.comm_bytes(run, ["(bf16, fp32)"])
+    history = D.loss_history(fp32_reduce)
+    assert len(history) == 2 and history["loss"] == [s["loss"] for s in fp32_reduce["steps"]]
+
+
+@pytest.mark.distributed
 def test_fsdp_memory_matches_the_formula(run):
     for r in run["(bf16, fp32)"]:
         mem, n = r["memory"], r["n_params"]
@@ -313,6 +326,7 @@ def test_torchrun_runs_the_same_worker_and_is_stopped_on_timeout():
 
 
 @pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the launcher's children in /proc (Linux)")
 def test_ranks_exit_when_the_launcher_dies(tmp_path):
     """A kernel killed mid-run (no finally runs): its ranks notice their parent is gone."""
     script = tmp_path / "launcher.py"
