@@ -334,7 +334,8 @@ def test_ranks_exit_when_the_launcher_dies(tmp_path):
         from amp_lessons import distributed as D
         D.launch([D.fail_job(rank=1, how="hang")], timeout=300)
     """))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    # TMPDIR: the killed launcher cannot remove its run directory; pytest's tmp_path goes away
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TMPDIR=str(tmp_path))
     launcher = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
         deadline = time.monotonic() + 60
