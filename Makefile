@@ -15,8 +15,8 @@ NBVAL := -m pytest --nbval $(NOTEBOOKS) --sanitize-with notebooks/sanitize.cfg -
 notebooks: export AMP_LESSONS_PROGRESS := 0
 notebooks: export OMP_NUM_THREADS := 1
 
-.PHONY: lab test test-unit test-notebooks test-browser test-colab test-matrix lint notebooks pairs \
-	bench doctor gpu-check claims-report clean
+.PHONY: lab test test-unit test-notebooks test-distributed test-browser test-colab test-matrix lint notebooks pairs \
+	bench bench-widgets doctor gpu-check claims-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ test-unit: $(STAMP)
 
 test-notebooks: $(STAMP)  ## nbval: re-run every lesson and compare with the stored outputs
 	$(BIN)/python $(NBVAL)
+
+test-distributed: $(STAMP)  ## lesson 07's 2-process torch.distributed tests alone
+	$(BIN)/python -m pytest tests -m distributed -q -p no:cacheprovider
 
 test-browser: $(STAMP)  ## the widgets in JupyterLab in headless Chromium, and under Colab's ipywidgets 7.7.1
 	AMP_LESSONS_BROWSER=1 $(BIN)/python -m pytest tests -m browser -q
@@ -98,6 +101,9 @@ notebooks: $(STAMP)  ## re-execute every lesson top to bottom in a fresh kernel 
 
 bench: $(STAMP)
 	$(BIN)/python -m amp_lessons bench $(BENCH_ARGS)
+
+bench-widgets: $(STAMP)  ## every widget control's redraw time in JupyterLab in Chromium (run it alone)
+	$(BIN)/python benchmarks/widget_latency.py $(BENCH_ARGS)
 
 doctor: $(STAMP)
 	$(BIN)/python -m amp_lessons doctor

@@ -229,8 +229,8 @@ def _precision_calls():
         "amp_lessons.clipping.backward_inside_autocast_matches": lambda p: clipping.backward_inside_autocast_matches(
             clipping.lesson_model(), x, y, p),
         "amp_lessons.clipping.run_accumulation": accumulation,
-        "amp_lessons.clipping.accumulation_table": lambda p: clipping.accumulation_table(
-            clipping.lesson_model, scaling.lesson_data(), k=2, batch_size=8, precision=p).splitlines()[2:3],
+        "amp_lessons.clipping.accumulation_rows": lambda p: clipping.accumulation_rows(
+            clipping.lesson_model, scaling.lesson_data(), k=2, batch_size=8, precision=p)[1].optimizer_steps,
         "amp_lessons.master.gradients": lambda p: [g.sum() for g in master.gradients(clipping.lesson_model(), x, y, p)],
         "amp_lessons.master.eps_in": master.eps_in,
     }

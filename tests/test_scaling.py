@@ -52,7 +52,7 @@ def test_flush_report_counts_values_lost_against_the_reference():
     assert (r.total, r.zero_reference, r.zero_other, r.flushed) == (6, 2, 3, 2)
     assert r.flushed_fraction == pytest.approx(2 / 4)
     assert str(r) == (
-        "6 gradient values; exactly zero: fp32 33.3%, fp16 50.0%; fp16 flushed 50.0% "
+        "6 gradient values; exactly zero: fp32 ≈33.3%, fp16 ≈50.0%; fp16 flushed ≈50.0% "
         "of fp32's nonzero values"
     )
     with pytest.raises(ValueError, match="differ in shape"):

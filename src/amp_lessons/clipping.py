@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from .claims import measured
 from .models import mlp
 from .precision import dtype_of, needs_scaler, uses_autocast
 from .training import CLIP_ORDERS
@@ -174,16 +175,20 @@ def clipped_fraction(history, max_norm: float) -> float:
 
 def clipping_table(runs: dict, max_norm: float, last: int = 10) -> str:
     """One line per run: loss scale, median norm the clip saw, effective threshold (median),
-    steps clipped, median applied norm, and the mean loss of the ``last`` steps."""
-    head = (f"{'run':<26}{'scale':>8}{'clip saw':>10}{'threshold':>11}"
-            f"{'clipped':>9}{'applied':>10}{'loss':>7}")
+    steps clipped, median applied norm, and the mean loss of the ``last`` steps.
+
+    The threshold is exact by construction (``max_norm``, or ``max_norm / scale``); the
+    norms, the share clipped and the loss come out of float kernels and print with ``≈``."""
+    head = (f"{'run':<26}{'scale':>8}{'clip saw':>11}{'threshold':>11}"
+            f"{'clipped':>9}{'applied':>11}{'loss':>8}")
     lines = [head]
     for name, h in runs.items():
         lines.append(
-            f"{name:<26}{h[-1].scale:>8g}{statistics.median(h['clip_seen_norm']):>10.3g}"
+            f"{name:<26}{h[-1].scale:>8g}{measured(statistics.median(h['clip_seen_norm']), '.3g'):>11}"
             f"{statistics.median(measured_thresholds(h, max_norm)):>11.3g}"
-            f"{clipped_fraction(h, max_norm):>9.0%}{statistics.median(h['applied_norm']):>10.3g}"
-            f"{statistics.fmean(h['loss'][-last:]):>7.3f}")
+            f"{measured(clipped_fraction(h, max_norm), '.0%'):>9}"
+            f"{measured(statistics.median(h['applied_norm']), '.3g'):>11}"
+            f"{measured(statistics.fmean(h['loss'][-last:]), '.3f'):>8}")
     return "\n".join(lines)
 
 
@@ -290,25 +295,42 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
-def accumulation_table(make_model, data, *, k=4, batch_size=32, steps=1, max_norm=1.0,
-                       optimizer="sgd", lr=0.5, precision="fp16") -> str:
+@dataclass(frozen=True)
+class AccumulationRow:
+    """One accumulation variant against one large batch: how far its first update is off
+    (relative), its size (x the large batch's), and the optimizer steps and scaler updates."""
+
+    name: str
+    off: float
+    size: float
+    optimizer_steps: int
+    scaler_updates: int
+
+
+def accumulation_rows(make_model, data, *, k=4, batch_size=32, steps=1, max_norm=1.0,
+                      optimizer="sgd", lr=0.5, precision="fp16") -> list[AccumulationRow]:
     """Each variant of :data:`ACCUMULATION_VARIANTS` beside one large batch of ``k * batch_size``
-    (same examples, same initial weights from ``make_model()``): how far its first update is
-    from the large batch's, its size, and the optimizer steps and scaler updates it took in
-    ``steps`` steps."""
+    (same examples, same initial weights from ``make_model()``), as :class:`AccumulationRow`."""
     common = dict(steps=steps, max_norm=max_norm, optimizer=optimizer, lr=lr, precision=precision)
     ref = run_accumulation(accumulate, make_model(), data, k=1, batch_size=k * batch_size, **common)
     ref_size = float(torch.linalg.vector_norm(ref.first_update))
-    rows = [("one large batch", ref)]
-    rows += [(name, run_accumulation(fn, make_model(), data, k=k, batch_size=batch_size, **common))
+    runs = [("one large batch", ref)]
+    runs += [(name, run_accumulation(fn, make_model(), data, k=k, batch_size=batch_size, **common))
              for name, fn in ACCUMULATION_VARIANTS.items()]
+    return [AccumulationRow(name, relative_difference(run.first_update, ref.first_update),
+                            float(torch.linalg.vector_norm(run.first_update)) / ref_size,
+                            run.optimizer_steps, run.scaler_updates) for name, run in runs]
+
+
+def accumulation_table(rows_or_model, data=None, **settings) -> str:
+    """:func:`accumulation_rows` as text (pass the rows, or ``make_model, data, **settings``).
+    The update's error and size come out of float kernels (``≈``); the counts are exact."""
+    rows = rows_or_model if isinstance(rows_or_model, list) else accumulation_rows(rows_or_model, data, **settings)
     lines = [f"{'':<24}{'1st update':>11}{'its size':>10}{'optimizer':>11}{'scaler':>9}",
              f"{'':<24}{'off by':>11}{'x large':>10}{'steps':>11}{'updates':>9}"]
-    for name, run in rows:
-        off = relative_difference(run.first_update, ref.first_update)
-        size = float(torch.linalg.vector_norm(run.first_update)) / ref_size
-        lines.append(f"{name:<24}{off:>11.1%}{size:>10.2f}{run.optimizer_steps:>11}"
-                     f"{run.scaler_updates:>9}")
+    for r in rows:
+        lines.append(f"{r.name:<24}{measured(r.off, '.1%'):>11}{measured(r.size, '.2f'):>10}"
+                     f"{r.optimizer_steps:>11}{r.scaler_updates:>9}")
     return "\n".join(lines)
 
 
@@ -445,7 +467,7 @@ def _warn_scaled(name, seen, threshold, scale):
     arg = "max_norm" if name == "clip_grad_norm_" else "clip_value"
     warnings.warn(
         f"{name} ran on gradients still multiplied by the loss scale ({scale:g}): it saw a {what} "
-        f"of {seen:.3g} (true {seen / scale:.3g}), so {arg}={threshold:g} acted as "
+        f"of {measured(seen, '.3g')} (true {measured(seen / scale, '.3g')}), so {arg}={threshold:g} acted as "
         f"{threshold / scale:.3g}. Call scaler.unscale_(optimizer) before clipping.",
         ScaledClipWarning, stacklevel=3)
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .claims import measured
 from .precision import dtype_of, parse_precision, uses_autocast
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -71,8 +72,10 @@ class LostUpdates:
         return self.unchanged / self.meant if self.meant else 0.0
 
     def line(self) -> str:
-        return (f"{self.label:<22} {self.dtype:<9} unchanged {self.unchanged:>7,} of {self.meant:>7,} "
-                f"({self.fraction:6.1%})  predicted {self.predicted:>7,}  inf/NaN {self.nonfinite:>7,}")
+        # The gradients come from a trained model: the counts are figures from float kernels.
+        return (f"{self.label:<22} {self.dtype:<9} unchanged {measured(self.unchanged, ','):>8} of "
+                f"{measured(self.meant, ','):>8} ({measured(self.fraction, '.1%')})  predicted "
+                f"{measured(self.predicted, ','):>8}  inf/NaN {measured(self.nonfinite, ','):>8}")
 
 
 def gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision="fp32",

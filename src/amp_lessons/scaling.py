@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from .claims import measured
 from .data import digits
 from .models import mlp
 from .training import GradientRecorder, Trainer
@@ -91,9 +92,10 @@ class FlushReport:
         return self.flushed / max(1, self.total - self.zero_reference)
 
     def __str__(self) -> str:
-        return (f"{self.total:,} gradient values; exactly zero: fp32 {self.zero_reference / self.total:.1%}, "
-                f"{self.name} {self.zero_other / self.total:.1%}; {self.name} flushed "
-                f"{self.flushed_fraction:.1%} of fp32's nonzero values")
+        # Which values come out as zero depends on float kernels: the shares print with ≈.
+        return (f"{self.total:,} gradient values; exactly zero: fp32 {measured(self.zero_reference / self.total, '.1%')}, "
+                f"{self.name} {measured(self.zero_other / self.total, '.1%')}; {self.name} flushed "
+                f"{measured(self.flushed_fraction, '.1%')} of fp32's nonzero values")
 
 
 def flush_report(reference: torch.Tensor, other: torch.Tensor, name: str = "fp16") -> FlushReport:
@@ -141,12 +143,14 @@ def describe_scale_changes(history, final_scale=None) -> str:
     return "\n".join(lines)
 
 
-def scale_run(init_scale=2.0**16, growth_interval=10, inject_at=None, steps=40, device=None):
+def scale_run(init_scale=2.0**16, growth_interval=10, inject_at=None, steps=40, device=None, **settings):
     """A short fp16 run with the large-gradient loss (:func:`summed_loss`), for the scale
-    plot and its widget: returns ``(history, scale after the last step)``."""
+    plot and its widget: returns ``(history, scale after the last step)``. ``settings`` go to
+    the Trainer (the widget passes ``grad_stats=False``: its plot draws no gradient statistics)."""
     trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss, init_scale=init_scale,
                              growth_interval=growth_interval, progress=False,
-                             inject_nonfinite=() if inject_at is None or inject_at < 0 else (inject_at,))
+                             inject_nonfinite=() if inject_at is None or inject_at < 0 else (inject_at,),
+                             **settings)
     history = trainer.fit(steps)
     return history, trainer.current_scale()
 

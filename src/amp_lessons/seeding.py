@@ -24,13 +24,14 @@ def check_seed(seed) -> int:
     return int(seed)
 
 
-def seed_everything(seed: int = 0) -> int:
-    """Seed Python, NumPy and torch (CPU and every CUDA device). Returns the seed."""
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python, NumPy and torch (CPU and every CUDA device).
+
+    Returns nothing, so a setup cell that ends with it shows no stray ``Out:``."""
     seed = check_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return seed
 
 
 def rng_state() -> dict:

@@ -117,7 +117,7 @@ class History:
         if unknown:
             raise KeyError(f"history has columns {', '.join(self.columns)}; got {unknown}")
         rows = [r for i, r in enumerate(self.records) if i % every == 0 or i == len(self.records) - 1]
-        cells = [[_fmt(getattr(r, c)) for c in columns] for r in rows]
+        cells = [[_fmt(getattr(r, c), c in MEASURED_COLUMNS) for c in columns] for r in rows]
         widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
         lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
         lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
@@ -127,7 +127,14 @@ class History:
         return f"History({len(self)} steps, {self.skipped} skipped)"
 
 
-def _fmt(v) -> str:
+# Columns whose values come out of float kernels: another CPU, thread count or torch release
+# prints other digits, so the table marks them with amp_lessons.claims.measured (``≈``).
+MEASURED_COLUMNS = frozenset({"loss", "grad_norm", "clip_seen_norm", "applied_norm", "zero_frac", "ms"})
+
+
+def _fmt(v, measured_value: bool = False) -> str:
+    if measured_value and isinstance(v, float) and math.isfinite(v):
+        return "≈" + _fmt(v)
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, int):
@@ -521,7 +528,7 @@ class Trainer:
         norm = applied = None  # stay None (NaN in the record) when not computed
         if self.clip_norm is not None and self.clip_order == "before_unscale":
             # The trap (lesson 04): the clip sees norm * scale, so it clips by clip_norm / scale.
-            seen = float(torch.nn.utils.clip_grad_norm_(params, self.clip_norm))
+            seen = float(torch.nn.utils.clip_grad_norm_(params, self.clip_norm))  # amp-lint: ignore[clip-before-unscale]
             self.scaler.unscale_(self.optimizer)
             norm = loss.new_tensor(seen / scale)
             if self.grad_stats:
