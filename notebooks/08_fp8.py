@@ -400,8 +400,8 @@ for label, model, precision, callbacks in [
     print(f"{label:<17} loss {measured(runs[label]['loss'][-1])}, test accuracy {measured(accuracy[label])}")
 
 # %%
-print(amp_lessons.claims.at_least(f"fp8 reaches at least 95% of {baseline}'s test accuracy",
-                                  accuracy["fp8 (tensorwise)"] / accuracy[baseline], 0.95))
+print(amp_lessons.claims.at_least(f"fp8 reaches at least 90% of {baseline}'s test accuracy",
+                                  accuracy["fp8 (tensorwise)"] / accuracy[baseline], 0.9))
 ends = {k: sum(h["loss"][-20:]) / 20 for k, h in runs.items()}
 print(amp_lessons.claims.at_most(f"fp8's final loss (mean of the last 20 steps) is at most 1.5x {baseline}'s",
                                  ends["fp8 (tensorwise)"] / ends[baseline], 1.5))
