@@ -311,13 +311,9 @@ def _scale_run(init_exponent: int, growth_interval: int, inject_at: int, steps: 
     """:func:`amp_lessons.scaling.scale_run`'s run without the per-step gradient statistics
     (norm, zero count) that the scale plot does not draw, which saves about a fifth of its
     time; cached, so a setting seen before redraws without training again."""
-    from .scaling import lesson_trainer, summed_loss
+    from .scaling import scale_run
 
-    trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss,
-                             init_scale=2.0**init_exponent, growth_interval=growth_interval,
-                             inject_nonfinite=() if inject_at < 0 else (inject_at,),
-                             progress=False, grad_stats=False)
-    return trainer.fit(steps), trainer.current_scale()
+    return scale_run(2.0**init_exponent, growth_interval, inject_at, steps, device, grad_stats=False)
 
 
 def scale_figure(init_exponent: int = 16, growth_interval: int = 10, inject_at: int = -1,
