@@ -8,6 +8,7 @@ import torch
 from amp_lessons import bench
 from amp_lessons.__main__ import main
 from amp_lessons.matmul import matmul_flops, matmul_gflops, tf32_error
+from amp_lessons.measure import saved_memory
 from amp_lessons.precision import PRECISIONS
 
 TINY = ["--device", "cpu", "--width", "64", "--depth", "2", "--batch", "16", "--seq", "8",
@@ -248,8 +249,8 @@ def test_breakdown_json_splits_every_precision_and_bounds_it(capsys):
         assert list(b["ms"]) == list(bench.bd.CATEGORIES)
         assert sum(b["shares"].values()) == pytest.approx(1.0)
         assert b["total_ms"] == pytest.approx(sum(b["ms"].values()))
-        for parts, wall in b["samples"]:
-            assert parts == pytest.approx(wall, rel=0.10)  # the categories add up to the step
+        assert len(b["samples"]) == 5
+        assert b["coverage"] == pytest.approx(1.0, abs=0.10)  # the categories add up to the step
         assert b["step_ms"] > 0 and b["flops"] > 0
         assert b["peak_gflops"] == max(m["gflops"] for m in result["matmul"]
                                        if m["precision"] == b["precision"])
@@ -338,8 +339,17 @@ def test_a_precision_too_slow_here_is_skipped_and_says_why(monkeypatch):
                              warmup=0, repeats=1, matmul_sizes=())
     fp16 = result.row("mlp", "fp16")
     assert fp16.status == "too slow" and "0.001 GFLOP/s fp16 matmuls reach here" in fp16.reason
-    assert result.row("mlp", "fp32").status == "ok"
-    assert "mlp          fp16 +scaler too slow: one step is" in result.table()
+    assert fp16.ms is None and fp16.speedup is None
+    fp32 = result.row("mlp", "fp32")
+    assert fp32.status == "ok"
+    # its memory is still measured (extrapolated from one and two examples: exact)
+    model, x, y = bench.build("mlp", bench.Sizes(256, 1, 64), "cpu")
+    exact = saved_memory(model, x, y, "fp16")
+    assert fp16.activation_mb == exact.activation_bytes / 2**20
+    assert fp16.weight_copy_mb == exact.weight_copy_bytes / 2**20
+    assert fp16.activation_ratio == fp16.activation_mb / fp32.activation_mb
+    assert "too slow: one step is" in result.table()
+    assert bench.speed_verdict(fp16.speedup, "fp16") == "fp16 was not timed here: the bench's table says why."
 
 
 def test_a_slow_matmul_size_is_skipped_not_run(monkeypatch):

@@ -380,8 +380,13 @@ class BenchResult:
         out.append(head)
         for r in self.rows:
             label = r.precision + (" +scaler" if r.precision == "fp16" else "")
-            if r.status != "ok":
+            if r.status != "ok" and r.activation_mb is None:
                 out.append(f"{r.model:<12} {label:<12} {r.status}: {r.reason}")
+                continue
+            if r.status != "ok":  # not timed, memory measured
+                out.append(f"{r.model:<12} {label:<12} {'-':>8} {'-':>8} {r.activation_mb:8.2f} "
+                           f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:9.2f} {'-':>8}  "
+                           f"{r.status}: {r.reason}")
                 continue
             line = (f"{r.model:<12} {label:<12} {r.ms:8.1f} {_x(r.speedup):>8} {r.activation_mb:8.2f} "
                     f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:9.2f} {_num(r.tflops, '.3g'):>8}")
@@ -591,6 +596,12 @@ def _bench_model(kind, sizes, est, names, why_not, slow, dev, warmup, repeats, b
     if not runnable:
         return [rows[p] for p in names]
     base, x, y = _build_or_refuse(kind, sizes, dev)
+    for p in slow:  # not timed, but its memory is still measured: cheaply, on one and two examples
+        try:
+            mem = _memory_by_extrapolation(base, kind, sizes, dev, p)
+            rows[p].activation_mb, rows[p].weight_copy_mb = mem.activation_bytes / MB, mem.weight_copy_bytes / MB
+        except Exception:  # the reason already says why the row did not run
+            pass
     models, steps = {}, {}
     for p in runnable:
         try:
@@ -617,12 +628,22 @@ def _bench_model(kind, sizes, est, names, why_not, slow, dev, warmup, repeats, b
         peak = cuda_peak_memory(steps[p], dev)
         rows[p].peak_mb = None if peak is None else peak.added_mb
     fp32 = rows.get("fp32")
-    if fp32 is not None and fp32.status == "ok":
+    if fp32 is not None and fp32.activation_mb:
         for r in rows.values():
-            if r.status == "ok":
+            if r.status == "ok" and fp32.status == "ok":
                 r.speedup = fp32.ms / r.ms
+            if r.activation_mb is not None:
                 r.activation_ratio = r.activation_mb / fp32.activation_mb
     return [rows[p] for p in names]
+
+
+def _memory_by_extrapolation(model, kind, sizes, dev, precision):
+    """:func:`saved_memory` at ``sizes.batch``, from one forward pass on one example and one
+    on two: every example adds the same bytes, so the line through them is exact, and a
+    precision too slow to train still gets its memory figures."""
+    one, two = (saved_memory(model, *inputs(kind, replace(sizes, batch=n), dev), precision) for n in (1, 2))
+    per_example = two.activation_bytes - one.activation_bytes
+    return replace(one, activation_bytes=one.activation_bytes + (sizes.batch - 1) * per_example)
 
 
 def _build_or_refuse(kind, sizes, dev):
@@ -809,8 +830,11 @@ def result_from_args(args) -> BenchResult:
 CARD_SPEEDUP = (2.0, 3.0)  # "2-3x faster training ... on modern GPUs"
 
 
-def speed_verdict(speedup: float, precision: str) -> str:
-    """One sentence on a measured speed ratio (``fp32 time / precision time``)."""
+def speed_verdict(speedup: float | None, precision: str) -> str:
+    """One sentence on a measured speed ratio (``fp32 time / precision time``); ``None``
+    (a row the bench did not time) says so."""
+    if speedup is None:
+        return f"{precision} was not timed here: the bench's table says why."
     if speedup >= CARD_SPEEDUP[0]:
         return f"{precision} ran {speedup:.1f}x as fast as fp32 here: the card's 2-3x holds."
     if speedup >= 1.1:
