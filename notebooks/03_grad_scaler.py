@@ -90,14 +90,19 @@ print(flush_report(fp32, fp16, "fp16"))
 
 # %% [markdown]
 # Some gradients are zero in fp32 too (the first share above): ReLU passes no gradient
-# where it was off. Everything fp16 adds to that is lost to its range. Why? Compare the sizes:
+# where it was off. Everything fp16 adds to that is lost to its range. Why? Compare the sizes.
+# (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's smallest subnormal,
+# rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
 # %%
+from amp_lessons.claims import at_least, at_most, measured
+
 nonzero = fp32[fp32 != 0].abs()
-print(f"median |gradient| in fp32:     {nonzero.median().item():.2e}")
+print(f"median |gradient| in fp32:     {measured(nonzero.median().item(), '.2e')}")
 print(f"fp16 smallest normal:          {torch.finfo(torch.float16).tiny:.2e}")
 print(f"fp16 smallest subnormal 2^-24: {2.0**-24:.2e}")
-print(f"fp32 gradients below 2^-25 (fp16 rounds them to 0): {(nonzero < 2.0**-25).float().mean().item():.1%}")
+print(f"fp32 gradients at or below 2^-25 (fp16 rounds them to 0): "
+      f"{measured((nonzero <= 2.0**-25).float().mean().item(), '.1%')}")
 
 # %% [markdown]
 # bfloat16 has float32's exponent range (its smallest normal is float32's), and a loss
@@ -120,19 +125,33 @@ print(flush_report(fp32, first_step_gradients("fp16", scaler=True, device=device
 # %%
 from amp_lessons.scaling import lesson_trainer
 
-runs = {}
+runs, final, accuracy = {}, {}, {}
 for label, precision, scaler in [("fp32", "fp32", None), ("fp16, no scaler", "fp16", False),
                                  ("fp16 + GradScaler", "fp16", True), ("bf16, no scaler", "bf16", None)]:
     if can_run[precision] is None:
         trainer = lesson_trainer(precision, scaler, device)
         runs[label] = trainer.fit(100)
-        print(f"{label:<18} zero gradients at step 0: {runs[label][0].zero_frac:6.1%}   loss after 100 "
-              f"steps {runs[label]['loss'][-1] / LOSS_WEIGHT:.3f}   test accuracy {trainer.evaluate():.3f}")
+        final[label] = sum(runs[label]["loss"][-10:]) / 10 / LOSS_WEIGHT  # mean of the last 10 steps
+        accuracy[label] = trainer.evaluate()
+        print(f"{label:<18} zero gradients at step 0: {measured(runs[label][0].zero_frac, '6.1%')}   "
+              f"final loss {measured(final[label], '.3f')}   test accuracy {measured(accuracy[label], '.3f')}")
 
 # %%
 from amp_lessons.plots import loss_curves
 
 loss_curves(runs, LOSS_WEIGHT)
+
+# %% [markdown]
+# What the figures say, checked (the final loss is the mean of the last 10 steps):
+
+# %%
+ref = final["fp32"]
+print(at_least("fp16 without a scaler ends with at least 2x fp32's loss", final["fp16, no scaler"] / ref, 2))
+print(at_least("fp16 without a scaler ends at least 0.2 below fp32's test accuracy",
+               accuracy["fp32"] - accuracy["fp16, no scaler"], 0.2))
+for label in ("fp16 + GradScaler", "bf16, no scaler"):
+    if label in final:
+        print(at_most(f"{label} ends within 0.05 of fp32's loss", abs(final[label] - ref), 0.05))
 
 # %% [markdown]
 # Compare the curves with the zero shares printed above: fp16 alone falls behind while its
@@ -154,7 +173,8 @@ x, y = (t.to(device) for t in lesson_data().batch(0, LESSON_SETTINGS["batch_size
 with torch.autocast(device.type, dtype=torch.float16):
     loss = small_loss(model(x), y)
 scaled = scaler.scale(loss)
-print(f"loss {loss.item():.4e} x scale {scaler.get_scale():g} = {scaled.item():.4f}")
+print(f"loss {measured(loss.item(), '.4e')} x scale {scaler.get_scale():g} = {measured(scaled.item(), '.4f')}")
+print("scale(loss) is the loss times the scale, exactly:", scaled.item() == loss.item() * scaler.get_scale())
 
 # %% [markdown]
 # `backward()` runs on the scaled loss, outside autocast, so every gradient comes out
@@ -164,9 +184,11 @@ print(f"loss {loss.item():.4e} x scale {scaler.get_scale():g} = {scaled.item():.
 # %%
 scaled.backward()
 first = model[0].weight.grad
-print(f"first layer's gradient, scaled:   largest |g| {first.abs().max().item():.3e}")
+scaled_max = first.abs().max().item()
+print(f"first layer's gradient, scaled:   largest |g| {measured(scaled_max, '.3e')}")
 scaler.unscale_(opt)
-print(f"first layer's gradient, unscaled: largest |g| {first.abs().max().item():.3e}")
+print(f"first layer's gradient, unscaled: largest |g| {measured(first.abs().max().item(), '.3e')}")
+print("unscale_ divided it by the scale exactly:", first.abs().max().item() == scaled_max / scaler.get_scale())
 unscaled = torch.cat([p.grad.flatten().float().cpu() for p in model.parameters()])
 print(flush_report(fp32, unscaled, "fp16+scaler"))
 
@@ -224,48 +246,88 @@ print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
 # %% [markdown]
 # ## Why the first step is often skipped
 #
-# A scale can also be too large: a scaled gradient above 65504 overflows to inf. Real
-# losses are often summed, not averaged (over tokens, say), and their gradients are
-# large. Here is the same network with the cross-entropy summed over the batch of 64.
-# **Predict** what happens to steps 0 and 1.
+# A scale can also be too large: a scaled gradient above 65504 overflows to inf. A loss
+# summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence)
+# has gradients as many times larger as there are terms in the sum. Here is the same
+# network with the cross-entropy summed over the batch of 64. **Predict** what happens to
+# steps 0 and 1.
 
 # %%
 from amp_lessons.scaling import summed_loss
 
 trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss)
-history = trainer.fit(8)
+history = trainer.fit(4)
 print(history.table(columns=("step", "loss", "scale", "skipped")))
 
 # %%
 g = first_step_gradients("fp32", device=device, loss_fn=summed_loss).abs().max().item()
-print(f"largest |gradient| at step 0: {g:.3g}; times 65536: {g * 65536:,.0f}; "
+print(f"largest |gradient| at step 0: {measured(g, '.3g')}; times 65536: {measured(g * 65536, ',.0f')}; "
       f"fp16's largest value: {torch.finfo(torch.float16).max:,.0f}")
+print(at_least("the largest gradient times 65536 is above fp16's largest value",
+               g * 65536 / torch.finfo(torch.float16).max, 1.0))
 
 # %% [markdown]
 # So GradScaler starts high (`init_scale=65536`) and halves on each overflow until the
-# gradients fit: a skipped first step or two is normal and costs nothing but the step.
-# A scale that keeps halving is not: the loss itself is inf/NaN at any scale, and the
-# `Trainer` stops with `ScaleCollapseError` instead of skipping forever.
+# gradients fit: a skipped first step or two is normal and costs nothing but the step. (Later,
+# as the gradients change, a step can overflow again; the scale halves once more. The
+# explorer below shows it.)
+# A scale that keeps halving is not: the loss itself is inf/NaN at any scale. Here every
+# step's loss is made inf: **predict** how the `Trainer` ends this run.
+
+# %%
+from amp_lessons.show import expect_error
+from amp_lessons.training import ScaleCollapseError
+
+doomed = lesson_trainer("fp16", device=device, inject_nonfinite=range(100), min_scale=2.0**8)
+with expect_error(ScaleCollapseError):
+    doomed.fit(100)
+print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW took {optimizer_steps(doomed.optimizer)}")
+
+# %% [markdown]
+# Halving from 65536 to below the floor (`min_scale`, 256 here) takes 9 skipped steps; the
+# `Trainer` stops there with `ScaleCollapseError` instead of skipping forever, and says
+# where to look.
 #
-# ## The lr_scheduler warning after a skipped step
+# ## The lr scheduler and skipped steps
 #
-# A common loop calls `scheduler.step()` every iteration. When GradScaler skips the
-# first step, `opt.step()` has not run yet, and PyTorch warns. The summed-loss run above
-# skips its first step; here it is with `StepLR` stepped every iteration
-# (`step_scheduler_on_skip=True`):
+# A common loop calls `scheduler.step()` every iteration, skipped or not. The summed-loss
+# run above skips its first steps; here it is with `StepLR` stepped every iteration
+# (`step_scheduler_on_skip=True`). **Predict**: how many warnings, and how far ahead of the
+# optimizer does the schedule get?
 
 # %%
 import textwrap
 
 from amp_lessons.scaling import scheduler_warnings
 
-messages, trainer = scheduler_warnings(step_scheduler_on_skip=True, steps=6, device=device)
-print(len(messages), "warning:")
+messages, trainer = scheduler_warnings(step_scheduler_on_skip=True, steps=4, device=device)
+print(f"{len(messages)} warning; the scheduler stepped {trainer.scheduler.last_epoch} times, "
+      f"AdamW {optimizer_steps(trainer.optimizer)} times, in {len(trainer.history)} iterations:")
 print(textwrap.fill(messages[0], 90))
 
 # %% [markdown]
-# The warning is right: the schedule moved on for a step that changed nothing. The fix is
-# to step the scheduler only when the optimizer stepped, which the scale tells:
+# One warning, for the first skipped step: PyTorch checks the order only at the
+# scheduler's first step, when `optimizer.step()` has not run yet. A step skipped *later*
+# moves the schedule on with no warning at all. The same fp16 run with the small loss, its
+# step 3 made inf:
+
+# %%
+import warnings
+
+from amp_lessons.scaling import SCHEDULER_WARNING
+
+trainer = lesson_trainer("fp16", device=device, inject_nonfinite=(3,), step_scheduler_on_skip=True,
+                         scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10, 0.5))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    trainer.fit(6)
+print(f"{sum(SCHEDULER_WARNING in str(w.message) for w in caught)} warnings; the scheduler stepped "
+      f"{trainer.scheduler.last_epoch} times, AdamW {optimizer_steps(trainer.optimizer)} times")
+
+# %% [markdown]
+# Silent, and the schedule is one step ahead of the training: every skipped step moves
+# the warm-up or the decay on for an update that never happened. The fix is to step the
+# scheduler only when the optimizer stepped, which the scale tells:
 #
 # ```python
 # scale = scaler.get_scale()
@@ -278,7 +340,7 @@ print(textwrap.fill(messages[0], 90))
 # The `Trainer` does this by default:
 
 # %%
-messages, trainer = scheduler_warnings(step_scheduler_on_skip=False, steps=6, device=device)
+messages, trainer = scheduler_warnings(step_scheduler_on_skip=False, steps=4, device=device)
 print(f"{len(messages)} warnings; the scheduler stepped {trainer.scheduler.last_epoch} times, "
       f"AdamW {optimizer_steps(trainer.optimizer)} times, in {len(trainer.history)} iterations")
 
@@ -317,9 +379,10 @@ with tempfile.TemporaryDirectory() as tmp:
     half.fit(10)
     resumed = summed_run().load(half.save(Path(tmp) / "run.pt"))
 resumed.fit(10)
-print(f"scale {whole.current_scale():g} vs {resumed.current_scale():g}; skipped {whole.history.skipped} "
-      f"vs {resumed.history.skipped}; same weights: "
+print(f"same scale: {whole.current_scale() == resumed.current_scale()}; same skipped steps: "
+      f"{whole.history['skipped'] == resumed.history['skipped']}; same weights: "
       f"{all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters()))}")
+print(f"({measured(whole.history.skipped, 'd')} of 20 steps skipped, final scale {measured(whole.current_scale(), 'g')})")
 
 # %% [markdown]
 # ## Try it: the scale explorer
@@ -327,7 +390,8 @@ print(f"scale {whole.current_scale():g} vs {resumed.current_scale():g}; skipped 
 # The widget reruns a short fp16 training of the summed-loss network (40 steps) and
 # redraws its scale: choose the starting scale, the growth interval, and a step whose
 # loss is made inf (-1: none). Start the scale low, or high; make the interval short, and
-# watch the scale grow into an overflow and back.
+# watch the scale grow into an overflow and back. While it retrains, a line under the
+# sliders says so; a setting you have tried before redraws at once.
 
 # %%
 from amp_lessons.widgets import scale_explorer
@@ -346,9 +410,9 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 # %% [markdown]
 # ## Remember
 #
-# - fp16 flushes gradients below 2^-24 to zero; a GradScaler multiplies the loss (so
-#   every gradient) by a scale, then `unscale_` divides them again in float32 before
-#   the step.
+# - fp16 flushes gradients at or below 2^-25 (half its smallest subnormal, 2^-24) to zero;
+#   a GradScaler multiplies the loss (so every gradient) by a scale, then `unscale_`
+#   divides them again in float32 before the step.
 # - `scaler.step(opt)` skips a step whose gradients hold inf/NaN, `scaler.update()`
 #   halves the scale after it and doubles it after `growth_interval` clean steps.
 # - A skipped step leaves the weights and the optimizer's step count as they were: the
@@ -359,9 +423,9 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #
 # - The first steps of a run are often skipped while the scale falls from 65536: normal.
 #   A scale that keeps falling means inf/NaN at any scale: look at the data and the lr.
-# - Step the lr scheduler only when the step was not skipped, or PyTorch warns
-#   "Detected call of `lr_scheduler.step()` before `optimizer.step()`" and the schedule
-#   runs ahead of the training.
+# - Step the lr scheduler only when the step was not skipped. PyTorch warns ("Detected
+#   call of `lr_scheduler.step()` before `optimizer.step()`") only when the very first
+#   step is skipped; every later skip moves the schedule ahead of the training silently.
 # - Save and load `scaler.state_dict()` with your checkpoints.
 # - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
 #   warns and disables itself. Pass the device: `torch.amp.GradScaler(device.type)`.

@@ -27,6 +27,7 @@ def _sanitize(text: str) -> str:
 def test_measured_marks_the_figure():
     assert measured(1.32049, ".3f") == "≈1.320"
     assert measured(0.25, ".0%") == "≈25%"
+    assert measured(0.284, "6.1%") == "≈28.4%"  # padding would leave the digits outside the mask
 
 
 def test_verdict_lines_hold_and_fail():

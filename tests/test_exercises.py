@@ -111,3 +111,14 @@ def test_setup_checker_explains_half_with_a_scaler_and_a_scaler_without_device()
             text = str(check_setup(no_device, "cpu"))
         assert "built for 'cuda' (what torch.amp.GradScaler() means when no device is given)" in text
         assert "float16 without a GradScaler" not in text
+
+
+def test_the_broken_loop_is_refused_bug_by_bug():
+    from amp_lessons.exercises import broken_clipping_loop
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        verdict = check_clipping_loop(broken_clipping_loop, False)
+    text = str(verdict)
+    assert not verdict.passed and "built without a device" in text and "ran before scaler.unscale_" in text
+    assert "weights moved ≈" in text and "right: backward inside autocast is not a bug" in text

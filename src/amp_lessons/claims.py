@@ -51,7 +51,7 @@ def measured(value, spec: str = ".3g") -> str:
 
     The tests mask it (it differs between machines); print exact values without it.
     """
-    return MARK + format(value, spec)
+    return MARK + format(value, spec).strip()  # no padding between the mark and the digits
 
 
 @dataclass(frozen=True)

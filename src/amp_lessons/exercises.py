@@ -437,16 +437,16 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
         from .data import digits
 
         same = backward_inside_autocast_matches(lesson_model(hidden=32), *digits().batch(0, 32))
-        measured = (f"measured on this model, its gradients inside and outside are "
+        evidence = (f"measured on this model, its gradients inside and outside are "
                     f"{'identical' if same else 'NOT identical'} bit for bit")
         if backward_in_autocast_is_a_bug:
             passed = False
             findings.append("not a bug: backward ops run in the dtype their forward ops ran in, "
-                            f"whatever autocast says at backward time ({measured}). Backward goes "
+                            f"whatever autocast says at backward time ({evidence}). Backward goes "
                             "outside (the card, PyTorch's docs) because autocast has nothing to "
                             f"do there. Your loop runs it {where}")
         else:
-            findings.append(f"right: backward inside autocast is not a bug ({measured}); outside "
+            findings.append(f"right: backward inside autocast is not a bug ({evidence}); outside "
                             f"is the convention. Your loop runs it {where}")
 
     # 5. the result, against the reference loop
@@ -457,7 +457,7 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
         if off < 1e-3:
             findings.append("fixed: the weights end where the reference loop's do")
         else:
-            bug(f"the weights moved {off:.0%} away from the reference loop's (relative to its "
+            bug(f"the weights moved {measured(off, '.0%')} away from the reference loop's (relative to its "
                 "total change): check that each loss is divided by accum_steps and that "
                 "zero_grad runs only after the step")
     extra = sorted({w for w in caught if "GradScaler" not in w})
