@@ -552,7 +552,7 @@ def step_breakdown(result, model: str = "mlp"):
     if not bds:
         raise ValueError(f"no breakdown for {model!r}: run the bench with breakdown=True (--breakdown)")
     names = [c for c in bds[0].ms if any(b.ms[c] for b in bds)]
-    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * len(bds)))
+    fig, ax = plt.subplots(figsize=(9, 3.6))  # one size for any number of precisions (the repr is compared)
     for i, b in enumerate(reversed(bds)):
         left = 0.0
         for c in names:
