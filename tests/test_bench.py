@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from amp_lessons import bench
-from amp_lessons.__main__ import main
+from amp_lessons.__main__ import build_parser, main
 from amp_lessons.matmul import matmul_flops, matmul_gflops, tf32_error
 from amp_lessons.measure import saved_memory
 from amp_lessons.precision import PRECISIONS
@@ -276,6 +276,9 @@ def test_breakdown_table_names_categories_peak_and_amdahl(capsys, tmp_path):
     assert "bf16 vs fp32: matmuls are" in out and "Amdahl's law" in out
     assert "what closes part of the gap" in out and "grad_stats=False" in out
     assert plot.stat().st_size > 0
+    result = bench.result_from_args(build_parser().parse_args(["bench", *SMALL, "--breakdown"]))
+    short = result.table(breakdown=False)
+    assert "where one Trainer step" not in short and result.table().startswith(short + "\n\nwhere one")
 
 
 def test_compile_and_plot_need_the_breakdown(capsys):

@@ -366,9 +366,9 @@ class BenchResult:
         return (f"note: step times varied by {max(spreads):.0%} of their median between repeats: "
                 f"something else is using this machine. Read the ratios from a quieter run{hint}.")
 
-    def table(self) -> str:
+    def table(self, breakdown: bool = True) -> str:
         """The rows, the matmul block and the device line, as aligned text; with the
-        breakdown, its tables after them."""
+        breakdown (unless ``breakdown=False``), its tables after them."""
         out = [self.device_line]
         for kind, s in self.sizes.items():
             out.append(f"  {describe(kind, Sizes(**s))}" + (f", {s['heads']} heads" if kind == "transformer" else ""))
@@ -397,7 +397,7 @@ class BenchResult:
         if note:
             out += ["", note]
         out += self._matmul_lines()
-        for kind in dict.fromkeys(b.model for b in self.breakdowns):
+        for kind in dict.fromkeys(b.model for b in self.breakdowns) if breakdown else ():
             out += ["", *self.breakdown_lines(kind)]
         return "\n".join(out)
 
