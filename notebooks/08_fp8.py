@@ -468,11 +468,12 @@ for label, kind, cc in [("a CPU", "cpu", None), ("T4", "cuda", (7, 5)), ("A100",
     print(f"{label:<13} {'fast' if fast else 'not fast':<9} {why}")
 
 # %% [markdown]
-# And this machine, with what this torch release's `_scaled_mm` takes here (`None` means it
-# runs):
+# And this machine: the doctor's report (`python -m amp_lessons doctor`), its fp8 verdict,
+# and what this torch release's `_scaled_mm` takes here (`None` means it runs):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+print(report.table(), end="\n\n")
 fast, why = fp8_support(device.type, report.cuda_capability)
 print(f"{device.type}: {'fast' if fast else 'not fast'}: {why}")
 print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_support(device))
