@@ -122,10 +122,10 @@ print(bits_of(1e6, "fp8_e4m3"))
 
 # %% [markdown]
 # Before torch 2.13 the cast gives NaN; from 2.13 on it gives 448. Colab's torch (2.11
-# when this lesson was written) gives NaN. Both are wrong for `1e6`: one poisons everything it touches, the other is
-# silently off. e5m2 has inf, on every release. Real fp8 code never relies on the plain
-# cast: it clamps to the largest value first (torchao does, for exactly this reason), and
-# so does `saturating_cast`, the same on every release:
+# when this lesson was written) gives NaN. Both are wrong for `1e6`: NaN poisons everything
+# it touches, 448 is silently off. e5m2 has inf, on every release. Real fp8 code never
+# relies on the plain cast: it clamps to the largest value first (torchao does, for exactly
+# this reason), and so does `saturating_cast`, the same on every release:
 
 # %%
 from amp_lessons.fp8 import saturating_cast
