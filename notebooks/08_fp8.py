@@ -260,8 +260,9 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)`, in a higher precision.
 # On a CPU, torch computes exactly that: it dequantizes to float32 and runs a float32
-# matmul. An fp8 GPU feeds the fp8 values to its tensor cores and applies the scales to
-# the result. `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
+# matmul (a CPU with AMX may hand per-tensor scales to oneDNN instead). An fp8 GPU feeds
+# the fp8 values to its tensor cores and applies the scales to the result.
+# `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
 # **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
 # scales, is the result bit for bit the float32 product?

@@ -15,8 +15,9 @@ Conventions, the same as torchao's ``float8`` training:
 - :meth:`Fp8Tensor.dequantize` multiplies the fp8 values by ``1 / scale``, the inverse
   scale ``torch._scaled_mm`` takes as ``scale_a``/``scale_b``. On a CPU, ``_scaled_mm`` is
   exactly that: it dequantizes both operands to float32 and runs a float32 matmul
-  (aten/src/ATen/native/Blas.cpp), so every number is real and only the speed needs fp8
-  tensor cores (:func:`amp_lessons.hardware.fp8_support`).
+  (aten/src/ATen/native/Blas.cpp; on CPUs with AMX, per-tensor scales may go to oneDNN),
+  so every number is real and only the speed needs fp8 tensor cores
+  (:func:`amp_lessons.hardware.fp8_support`).
 - "Per row" scales each row of an operand over the dimension the matmul sums over (the
   last one here): ``scale_a`` of shape (M, 1) and ``scale_b`` of shape (1, N).
 
