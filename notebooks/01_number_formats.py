@@ -46,7 +46,7 @@ amp_lessons.seed_everything(0)
 # %%
 # NBVAL_IGNORE_OUTPUT
 device = amp_lessons.pick_device()
-print(f"training on {device.type}:", amp_lessons.hardware_report().recommended, "is recommended here")
+print(f"training on {device.type}:", amp_lessons.hardware_report(measure=True).recommended, "is recommended here")
 
 # %% [markdown]
 # ## The formats side by side
@@ -66,8 +66,12 @@ print(formats_table())
 
 # %% [markdown]
 # The figures come from `torch.finfo` for every format torch has a dtype for. TF32 is not
-# a dtype: it is float32 with the mantissa rounded to 10 bits inside NVIDIA tensor cores
-# (lesson 05), so its figures follow from its layout. The two fp8 formats are a preview:
+# a dtype: tensors stay float32, and an NVIDIA tensor core (Ampere and newer) multiplying
+# them keeps only 10 of each input's 23 mantissa bits, so its figures follow from that
+# layout. Which 10? PyTorch's numerical-accuracy notes say only the first 10 bits are read
+# (the rest dropped, an error below 2^-10 of the value); a library may round to nearest
+# first (at most 2^-11). This course's `round_to_format("tf32")` rounds to nearest, and
+# `make gpu-check` measures what your GPU does (lesson 05 has more). The two fp8 formats are a preview:
 # `e4m3fn` ("finite") has no infinity; its all-ones exponent holds numbers instead, one
 # more power of two of range.
 #
@@ -167,17 +171,36 @@ from amp_lessons.data import digits
 from amp_lessons.models import mlp
 from amp_lessons.training import GradientRecorder, Trainer
 
+from amp_lessons.claims import at_least, check, measured
+
 recorder = GradientRecorder(steps={50})
 trainer = Trainer(mlp(64, 64, 10, depth=2), digits(), precision="fp32", device=device,
                   lr=5e-3, callbacks=[recorder])
 history = trainer.fit(steps=51)
-print(f"loss {history['loss'][0]:.3f} -> {history['loss'][-1]:.3f}, test accuracy {trainer.evaluate():.3f}")
+print(f"loss {measured(history['loss'][0], '.3f')} -> {measured(history['loss'][-1], '.3f')}, "
+      f"test accuracy {measured(trainer.evaluate(), '.3f')}")
 
 # %%
 grads = torch.cat([recorder.weight_grads, recorder.activation_grads])
 print(f"{recorder.weight_grads.numel():,} weight-gradient and "
       f"{recorder.activation_grads.numel():,} activation-gradient values")
-print(f"{(grads == 0).sum().item():,} are exactly zero (ReLU passes no gradient where it was off)")
+print(f"{measured((grads == 0).sum().item(), ',')} are exactly zero")
+
+# %% [markdown]
+# Why exactly zero? Two reasons. The first layer's weight gradient is the batch's input
+# pixels times the gradient flowing back, so every weight that reads a pixel which is blank
+# in every image of the batch gets a gradient of exactly 0. Most of the rest is ReLU, which
+# passes no gradient where it was off. Counting the first:
+
+# %%
+x50, _ = digits().batch(50 * trainer.accum_steps, trainer.batch_size, trainer.seed)
+blank_pixels = (x50 == 0).all(dim=0)
+blank = int(blank_pixels.sum())
+first = trainer.model[0]
+print(f"{blank} of the 64 pixels are blank in all {len(x50)} images of step 50's batch: "
+      f"{blank} x {first.out_features} = {blank * first.out_features} first-layer weights with a gradient of exactly 0")
+first_grad = recorder.weight_grads[:first.weight.numel()].view_as(first.weight)  # recorded in parameter order
+print("all of them 0 in the recorded gradients:", bool((first_grad[:, blank_pixels] == 0).all()))
 
 # %% [markdown]
 # **Predict:** what share of the nonzero values would float16 flush to zero? And bfloat16?
@@ -188,11 +211,11 @@ print(f"{(grads == 0).sum().item():,} are exactly zero (ReLU passes no gradient 
 # %%
 from amp_lessons.formats import census
 
-fp16, bf16 = census(grads, "fp16"), census(grads, "bf16")
+fp16, bf16 = census(grads, "fp16", measured=True), census(grads, "bf16", measured=True)
 print(fp16)
 print(bf16)
-print(f"fp16 flushes {fp16.flushed} values; bf16 flushes {bf16.flushed}")
-print("fp16 flushes some:", fp16.flushed > 0, "| bf16 flushes none:", bf16.flushed == 0)
+print(at_least("float16 flushes some of your gradients at scale 1", fp16.flushed, 1, ","))
+print(check("bfloat16 flushes none of them", bf16.flushed == 0, f"{measured(bf16.flushed, 'd')} flushed"))
 
 # %% [markdown]
 # Which gradients are the small ones? Compare the two kinds. The activation gradients start
@@ -201,15 +224,20 @@ print("fp16 flushes some:", fp16.flushed > 0, "| bf16 flushes none:", bf16.flush
 # gradient.
 
 # %%
-for label, part in (("weights", recorder.weight_grads), ("activations", recorder.activation_grads)):
-    c = census(part, "fp16")
-    print(f"{label:<12} flushed {c.fraction('flushed'):.3%}  subnormal {c.fraction('subnormal'):.2%}")
+parts = {"weights": census(recorder.weight_grads, "fp16"), "activations": census(recorder.activation_grads, "fp16")}
+for label, c in parts.items():
+    print(f"{label:<12} flushed {measured(c.fraction('flushed'), '.3%')}  subnormal {measured(c.fraction('subnormal'), '.2%')}")
+print(check("the activation gradients lose more to float16 than the weight gradients",
+            parts["activations"].fraction("flushed") + parts["activations"].fraction("subnormal")
+            > parts["weights"].fraction("flushed") + parts["weights"].fraction("subnormal")))
 
 # %% [markdown]
 # ## The picture
 #
 # The histogram below counts your gradients by their power of two, `log2 |g|`. Behind the
-# bars, float16's regions: red is flushed to zero, yellow is subnormal, purple overflows.
+# bars, float16's regions: red is flushed to zero (at or below 2^-25, half of the smallest
+# subnormal, as the cells above showed), yellow is subnormal (from just above 2^-25, which
+# rounds up to 2^-24, to the smallest normal 2^-14), purple overflows.
 # Above them, each format's subnormal (light) and normal (dark) band. It is the figure
 # NVIDIA's *Mixed Precision Training* paper (Micikevicius et al., 2018) made famous,
 # drawn from your own run.
@@ -228,7 +256,7 @@ gradient_histogram(grads)
 nonzero = grads[grads != 0].abs()
 span = (nonzero.max().log2() - nonzero.min().log2()).item()
 f16 = format_info("fp16")
-print(f"your gradients span {span:.1f} powers of two; "
+print(f"your gradients span {measured(span, '.1f')} powers of two; "
       f"float16 spans {torch.tensor(f16.max / f16.smallest_subnormal).log2().item():.1f}")
 
 # %% [markdown]
@@ -248,7 +276,7 @@ print(f"your gradients span {span:.1f} powers of two; "
 # %%
 from amp_lessons.formats import scale_table
 
-print(scale_table(grads, 2.0**16))
+print(scale_table(grads, 2.0**16, measured=True))
 print("GradScaler starts at", torch.amp.GradScaler(device.type).get_scale())
 
 # %%
@@ -273,9 +301,11 @@ loss_scale_explorer(grads)
 from amp_lessons.formats import scaled_census
 
 clean = [k for k in range(25) if (c := scaled_census(grads, "fp16", 2.0**k)).flushed == 0 and c.overflow == 0]
-print("scale 2^k with nothing flushed and nothing overflowing, k =", clean)
+print(f"scale 2^k with nothing flushed and nothing overflowing: k from {measured(min(clean), 'd')} "
+      f"to {measured(max(clean), 'd')}" if clean else "no scale 2^k leaves nothing flushed and nothing overflowing")
 c16 = scaled_census(grads, "fp16", 2.0**16)
-print(f"at 2^16: flushed {c16.fraction('flushed'):.3%}, overflow {c16.fraction('overflow'):.3%}")
+print(check("at 2^16, GradScaler's starting scale, nothing flushes and nothing overflows", 16 in clean,
+            f"flushed {measured(c16.fraction('flushed'), '.3%')}, overflow {measured(c16.fraction('overflow'), '.3%')}"))
 
 # %% [markdown]
 # Too large a scale overflows: a single `inf` makes `GradScaler` skip the step and halve
@@ -300,9 +330,11 @@ for name in ("fp16", "bf16"):
 # %%
 from amp_lessons.formats import rounding_error
 
-for name in ("fp16", "bf16"):
-    err = rounding_error(grads, name)
-    print(f"{name}: median relative error {err.median().item():.1e}, worst {err.max().item():.4f}")
+errors = {name: rounding_error(grads, name) for name in ("fp16", "bf16")}
+for name, err in errors.items():
+    print(f"{name}: median relative error {measured(err.median().item(), '.1e')}, worst {measured(err.max().item(), '.4f')}")
+print(check("float16 stores the typical gradient more precisely than bfloat16, and loses more of the smallest",
+            errors["fp16"].median() < errors["bf16"].median() and errors["fp16"].max() > errors["bf16"].max()))
 
 # %% [markdown]
 # float16 stores the typical gradient more precisely, but loses the small ones outright;
@@ -325,9 +357,18 @@ for name in ("fp16", "bf16"):
 #   learning). Count zeros, as `census` did, before trusting float16.
 # - float16 overflows from 65520 on (the cells on its top end): one `inf` in the
 #   gradients and `GradScaler` skips the whole step.
-# - fp8 is narrower still. e4m3fn has no `inf`: type `1e6` in the widget to see what
-#   torch's cast stores instead.
-#
+# - fp8 is narrower still, and e4m3fn has no `inf`. What torch's cast stores for a value
+#   too large for it depends on the release: NaN before torch 2.13 (Colab's 2.11), 448 from
+#   2.13 on. Type `1e6` in the widget to see what this release does (the cell below says
+#   it too); lesson 08 shows why fp8 code clamps before casting.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from amp_lessons.formats import e4m3_overflow
+
+print(e4m3_overflow())
+
+# %% [markdown]
 # ## Exercise: pick a loss scale
 #
 # Find a loss scale, a power of two, that puts at least 99% of the nonzero gradients of

@@ -442,3 +442,14 @@ def test_gradient_recorder_keeps_the_gradients_between_layers():
             callbacks=[rec]).fit(steps=2)
     assert torch.equal(rec.activation_grads, expected)  # backward reaches the last layer first
     assert torch.equal(rec.weight_grads, weights)
+
+
+def test_a_census_of_measured_values_marks_its_figures():
+    from amp_lessons.formats import census, scale_table, scaled_census
+
+    g = torch.tensor([0.0, 1e-9, 1e-3, 1.0])
+    assert "≈" not in str(census(g, "fp16"))
+    text = str(census(g, "fp16", measured=True))
+    assert text.startswith("fp16 x 1: flushed ≈33.333%") and "of ≈3 nonzero values" in text
+    assert scaled_census(g, "fp16", 2.0**4, measured=True).measured
+    assert "≈" in scale_table(g, 2.0**4, measured=True) and "≈" not in scale_table(g, 2.0**4)

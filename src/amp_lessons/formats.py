@@ -386,6 +386,7 @@ class Census:
     normal: int
     overflow: int
     nan: int
+    measured: bool = False  # values from a training run: its text marks figures with ≈ (claims)
 
     @property
     def nonzero(self) -> int:
@@ -398,13 +399,18 @@ class Census:
         return getattr(self, kind) / self.nonzero if self.nonzero else 0.0
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{k} {self.fraction(k):.3%}" for k in KINDS)
-        return f"{self.format} x {self.scale:g}: {parts} of {self.nonzero:,} nonzero values"
+        mark = "≈" if self.measured else ""
+        parts = ", ".join(f"{k} {mark}{self.fraction(k):.3%}" for k in KINDS)
+        return f"{self.format} x {self.scale:g}: {parts} of {mark}{self.nonzero:,} nonzero values"
 
 
-def census(tensor, name) -> Census:
-    """Classify every value of ``tensor`` for format ``name`` (exact thresholds, no rounding)."""
-    return _census(tensor, name, 1.0)
+def census(tensor, name, measured: bool = False) -> Census:
+    """Classify every value of ``tensor`` for format ``name`` (exact thresholds, no rounding).
+
+    ``measured=True`` for values that came out of float kernels (a training run's
+    gradients): the census's text then marks its figures with ``≈`` (:mod:`amp_lessons.claims`).
+    """
+    return _census(tensor, name, 1.0, measured)
 
 
 def check_scale(scale) -> float:
@@ -415,13 +421,13 @@ def check_scale(scale) -> float:
     return float(scale)
 
 
-def scaled_census(tensor, name, scale) -> Census:
+def scaled_census(tensor, name, scale, measured: bool = False) -> Census:
     """:func:`census` of ``tensor * scale``, multiplied in float64 (exact for powers of
     two): where the gradients land once the loss was multiplied by ``scale``."""
-    return _census(tensor, name, check_scale(scale))
+    return _census(tensor, name, check_scale(scale), measured)
 
 
-def _census(tensor, name, scale: float) -> Census:
+def _census(tensor, name, scale: float, measured: bool = False) -> Census:
     f = format_info(name)
     a = _as_float_tensor(tensor, "the tensor to classify").cpu().to(torch.float64).abs().flatten() * scale
     nan = torch.isnan(a)
@@ -434,19 +440,21 @@ def _census(tensor, name, scale: float) -> Census:
         return int(mask.sum())
 
     return Census(f.name, scale, a.numel(), n(a == 0), n(flushed), n(sub), n(normal & ~nan),
-                  n(over), n(nan))
+                  n(over), n(nan), measured)
 
 
-def scale_table(tensor, scale, names=("fp16", "bf16")) -> str:
-    """What a loss scale does to these values in each format, as percentages (01's slider)."""
+def scale_table(tensor, scale, names=("fp16", "bf16"), measured: bool = False) -> str:
+    """What a loss scale does to these values in each format, as percentages (01's slider).
+    ``measured=True`` marks the figures with ``≈`` (values from a training run)."""
     scale = check_scale(scale)
     rows = [scaled_census(tensor, n, scale) for n in names]
+    mark = "≈" if measured else ""
     k = math.log2(scale)
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
     lines = [f"loss scale {label} = {scale:g}",
              f"{'format':<8}{'flushed to 0':>14}{'subnormal':>12}{'normal':>10}{'overflow':>10}"]
     for c in rows:
         lines.append(f"{c.format:<8}" + "".join(
-            f"{c.fraction(kind):>{w}.3%}" for kind, w in zip(KINDS, (14, 12, 10, 10))))
-    lines.append(f"(of {rows[0].nonzero:,} nonzero values; {rows[0].zero:,} exact zeros left out)")
+            f"{mark + format(c.fraction(kind), '.3%'):>{w}}" for kind, w in zip(KINDS, (14, 12, 10, 10))))
+    lines.append(f"(of {mark}{rows[0].nonzero:,} nonzero values; {mark}{rows[0].zero:,} exact zeros left out)")
     return "\n".join(lines)
