@@ -312,7 +312,7 @@ def test_any_size_too_large_is_refused_before_building_with_one_that_fits(monkey
     _never_built(monkeypatch)
     code, out, err = run_cli(capsys, "--device", "cpu", "--model", "mlp", flag, str(value))
     assert code == 2 and out == ""
-    assert "GiB" in err and "only 8.0 GiB is free" in err
+    assert "only 8.0 GiB is free" in err or "larger than torch can describe" in err
     suggested = int(err.split(f"e.g. {flag} ")[1].split(".")[0].split(",")[0])
     assert 1 <= suggested < value
     sizes = bench.Sizes(**{**bench.asdict(bench.default_sizes("mlp", "cpu")), flag[2:]: suggested})
@@ -320,6 +320,15 @@ def test_any_size_too_large_is_refused_before_building_with_one_that_fits(monkey
     assert bench.estimate("mlp", sizes).total_bytes(copies) <= 0.8 * 8 * 2**30  # it would fit
     bigger = bench.Sizes(**{**bench.asdict(sizes), flag[2:]: suggested + 1})
     assert bench.estimate("mlp", bigger).total_bytes(copies) > 0.8 * 8 * 2**30  # and is the largest
+
+
+def test_a_width_torch_cannot_describe_is_refused_naming_one_that_fits(monkeypatch, capsys):
+    _never_built(monkeypatch)
+    code, out, err = run_cli(capsys, "--device", "cpu", "--model", "transformer", "--width", str(10**9))
+    assert code == 2 and out == ""
+    assert "holds tensors larger than torch can describe" in err and "e.g. --width " in err
+    width = int(err.split("e.g. --width ")[1].rstrip(".\n"))
+    assert 4 <= width < 10**9 and width % 4 == 0  # a multiple of the heads
 
 
 def test_a_long_transformer_sequence_is_refused_naming_a_shorter_one(monkeypatch, capsys):

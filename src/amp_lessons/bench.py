@@ -67,6 +67,7 @@ GiB = 2**30
 CLASSES = 10
 MAX_STEP_SECONDS = 2.0    # a precision whose estimated step is slower is skipped, and says why
 MAX_MATMUL_SECONDS = 3.0  # the same for one size of the matmul block (all its repeats)
+TOO_LARGE = 2**63         # an estimate's figures when torch cannot even describe the tensors
 
 
 @dataclass(frozen=True)
@@ -197,16 +198,24 @@ def estimate(kind: str, sizes: Sizes) -> Estimate:
     answered at once).
     """
     validate_sizes(kind, sizes)
-    one = _estimate_meta(kind, replace(sizes, depth=1))
+    try:
+        one = _estimate_meta(kind, replace(sizes, depth=1))
+        two = one if sizes.depth == 1 else _estimate_meta(kind, replace(sizes, depth=2))
+    except RuntimeError as err:  # a tensor too large for torch to describe at all
+        if "overflow" not in str(err).lower():
+            raise
+        return Estimate(TOO_LARGE, TOO_LARGE, TOO_LARGE)
     if sizes.depth == 1:
         return one
-    two = _estimate_meta(kind, replace(sizes, depth=2))
     k = sizes.depth - 1
     return Estimate(*(a + k * (b - a) for a, b in zip(asdict(one).values(), asdict(two).values())))
 
 
 def check_fits(need_bytes: int, free_bytes: int | None, what: str, hint: str) -> None:
     """Raise :class:`BenchMemoryError` when ``need_bytes`` exceeds 80% of ``free_bytes``."""
+    if need_bytes >= TOO_LARGE:
+        raise BenchMemoryError(f"{what} holds tensors larger than torch can describe (over 2^63 "
+                               f"bytes). Use smaller sizes: {hint}.")
     if free_bytes is not None and need_bytes > 0.8 * free_bytes:
         raise BenchMemoryError(
             f"{what} needs about {need_bytes / GiB:,.1f} GiB (weights, gradients and Adam state of "
@@ -523,9 +532,10 @@ def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | N
         s, est = sizes[kind], estimates[kind]
 
         def fits_memory(candidate, kind=kind):
-            return free is None or estimate(kind, candidate).total_bytes(copies) <= 0.8 * free
+            need = estimate(kind, candidate).total_bytes(copies)
+            return need < TOO_LARGE and (free is None or need <= 0.8 * free)
 
-        if not fits_memory(s):
+        if est.parameters >= TOO_LARGE or not fits_memory(s):
             check_fits(est.total_bytes(copies), free, describe(kind, s),
                        suggest(kind, s, fits_memory, _raised(kind, s, dev)))
     if matmul_sizes is None:
