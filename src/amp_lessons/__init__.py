@@ -13,10 +13,12 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``training``   the one training loop, its history and checkpoints (01, 03-05)
 - ``scaling``    lesson 03's configuration: small gradients, flush reports, scale changes
 - ``clipping``   lesson 04's clip orders, accumulation variants and the scaled-clip diagnostic
-- ``measure``    activation memory and step timing (05)
+- ``measure``    activation memory, what a training step holds, and step timing (05)
 - ``matmul``     matmul throughput per dtype and the TF32 error (05)
 - ``master``     why master weights stay float32: lost updates, Adam's eps in fp16 (05)
 - ``bench``      ``python -m amp_lessons bench`` (05)
+- ``breakdown``  where a step's time goes (torch.profiler categories, Amdahl's bound) and
+                 the changes that close part of the gap (05, ``bench --breakdown``)
 - ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
 - ``show``       ``expect_error``: a cell that fails on purpose prints and goes on (00, 02, 04)
 - ``errors``     the messages of lesson 06, reproduced from minimal loops, and their fixes (06)
