@@ -1,6 +1,7 @@
 """The step breakdown: the op -> category mapping, its structure on real profiles, Amdahl's
 bound, and the closing table. Structure only: no test reads a speed."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -119,7 +120,7 @@ def test_closing_runs_time_each_change_side_by_side(monkeypatch):
     ticks = []
 
     def make(p, change):
-        return bd.make_trainer(bd.fresh_copy(base), data, p, "cpu", change, batch_size=16)
+        return bd.make_trainer(copy.deepcopy(base), data, p, "cpu", change, batch_size=16)
 
     closing, trainers = bd.closing_runs(make, ["fp32", "bf16"], "cpu", (*bd.CHANGES, bd.COMPILE),
                                         warmup=1, repeats=3, on_step=lambda: ticks.append(1))

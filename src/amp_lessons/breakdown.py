@@ -4,8 +4,9 @@ by op category with ``torch.profiler``, and the changes that close part of the g
 The card promises 2-3x. A step gains less than its matmuls do because only the matmuls
 get faster in 16 bits (Amdahl's law): this module measures how much of a step they are.
 
-:func:`profile_trainer` runs a few Trainer steps under ``torch.profiler`` and adds each
-op's *self* time (its own time, without the ops it called) to one category:
+:func:`profile_trainers` runs a few steps of each Trainer, taking turns, under
+``torch.profiler`` and adds each op's *self* time (its own time, without the ops it
+called) to one category:
 
 ==================  =====================================================================
 category            what lands there
@@ -44,7 +45,6 @@ Used in 05_putting_it_together and by ``python -m amp_lessons bench --breakdown`
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import os
 import shutil
@@ -649,8 +649,3 @@ def closing_runs(make, precisions, device, changes=CHANGES, warmup: int = 2, rep
 def _first_line(err: BaseException) -> str:
     text = str(err).splitlines()[0] if str(err) else ""
     return f"{type(err).__name__}: {text}"[:200]
-
-
-def fresh_copy(model):
-    """A deep copy of ``model`` (the same starting weights for every configuration)."""
-    return copy.deepcopy(model)
