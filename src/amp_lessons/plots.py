@@ -461,7 +461,8 @@ def matmul_rates(result):
     ax.set(ylabel="achieved GFLOP/s", xlabel="matrix size (n x n @ n x n)")
     ax.legend(frameon=False)
     top = {m.precision: m.gflops for m in rows if m.n == sizes[-1]} if sizes else {}
-    parts = [f"{p} {measured(top[p] / top['fp32'], '.2f')}x" for p in names if p != "fp32" and "fp32" in top]
+    parts = [f"{p} {measured(top[p] / top['fp32'], '.2f')}x" for p in names
+             if p != "fp32" and "fp32" in top and p in top]  # bench skips sizes too slow for a precision
     ax.set_title(f"{result.device}: matmul rate vs fp32 at n = {sizes[-1] if sizes else '-'}: "
                  + (", ".join(parts) or "fp32 only"), fontsize=10)
     fig.tight_layout()
