@@ -50,3 +50,10 @@ def test_doctor_measures_unless_told_not_to(monkeypatch, capsys):
     assert calls and "9x float32's rate" in capsys.readouterr().out or not hardware.cpu_features()["avx512_bf16"]
     calls.clear()
     assert main(["doctor", "--device", "cpu", "--no-measure"]) == 0 and not calls
+
+
+def test_a_measurement_can_be_passed_in(monkeypatch):
+    monkeypatch.setattr(hardware, "matmul_speedups", lambda device=None: pytest.fail("measured again"))
+    report = hardware.hardware_report("cpu", measure={"bf16": 7.0, "fp16": 0.1})
+    if hardware.cpu_features()["avx512_bf16"] or hardware.cpu_features()["amx_bf16"]:
+        assert report.recommended == "bf16" and "7x float32's rate" in report.reason

@@ -231,12 +231,13 @@ def _mps_bf16_native() -> bool:
         return False
 
 
-def hardware_report(device=None, measure: bool = False) -> HardwareReport:
+def hardware_report(device=None, measure=False) -> HardwareReport:
     """Query torch about ``device`` (auto by default) and recommend a precision.
 
     ``measure=True`` on a CPU also times a small matmul per precision (:func:`matmul_speedups`),
-    and the recommendation then follows the measured bf16 speed (lesson 00, ``doctor``). A
-    GPU's recommendation follows its compute capability.
+    and the recommendation then follows the measured bf16 speed (lesson 00, ``doctor``);
+    ``measure`` may also be the dict :func:`matmul_speedups` returned. A GPU's
+    recommendation follows its compute capability.
     """
     dev = pick_device(device)
     cpu = cpu_features()
@@ -259,7 +260,9 @@ def hardware_report(device=None, measure: bool = False) -> HardwareReport:
         name = "Apple GPU (MPS)"
         bf16_native = _mps_bf16_native()
         bf16_emulated = False
-    speedup = matmul_speedups(dev)["bf16"] if measure and dev.type == "cpu" else None
+    speedup = None
+    if measure is not False and measure is not None and dev.type == "cpu":
+        speedup = (measure if isinstance(measure, dict) else matmul_speedups(dev))["bf16"]
     precision, scaler, reason = recommend(dev.type, cc, bf16_native, cpu["avx512_bf16"], cpu["amx_bf16"],
                                           bf16_speedup=speedup)
     return HardwareReport(
