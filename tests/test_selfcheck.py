@@ -89,3 +89,22 @@ def test_hardware_facts_checked_on_simulated_gpus(monkeypatch):
             verdicts = hardware_selfcheck("cuda")
         assert all(v.holds for v in verdicts), [str(v) for v in verdicts]
         assert any(f"recommended precision here is {precision}" in v.claim for v in verdicts)
+
+
+def test_medium_precision_is_classified_by_its_error():
+    from amp_lessons.matmul import TF32Error
+
+    def err(medium):
+        return TF32Error(256, 2e-7, 3e-4, 2.3e-3, False, None, medium=medium, highest=2e-7)
+
+    assert err(2.9e-7).medium_level == "float32"  # another kernel, same precision (AVX512-BF16 here)
+    assert err(2.3e-3).medium_level == "bf16"  # AMX, or an Ampere+ GPU
+    assert err(5e-5).medium_level == "between"
+
+
+def test_matmul_statements_hold_on_this_cpu():
+    from amp_lessons import matmul
+
+    verdicts = matmul.selfcheck("cpu")
+    assert len(verdicts) == 3 and all(v.holds for v in verdicts), [str(v) for v in verdicts]
+    assert matmul.tf32_input_bits("cpu") is None

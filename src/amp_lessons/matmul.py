@@ -13,6 +13,7 @@ Used in 05_putting_it_together and by ``python -m amp_lessons bench``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,16 @@ class TF32Error:
     bf16: float          # bfloat16 inputs, for scale
     high_changes_result: bool  # did "high" change this device's float32 matmul at all?
     tf32_measured: float | None  # the device's real TF32 result (NVIDIA Ampere+), else None
+    medium: float = math.nan     # this device's float32 matmul under "medium" (bf16 allowed)
+    highest: float = math.nan    # this device's float32 matmul under "highest"
+
+    @property
+    def medium_level(self) -> str:
+        """Where "medium" landed: ``"float32"`` (within 10x of "highest"'s error), ``"bf16"``
+        (within 10x of a bf16 matmul's, as on an AMX CPU or an Ampere+ GPU), or ``"between"``."""
+        if self.medium <= 10 * self.highest:
+            return "float32"
+        return "bf16" if self.bf16 / 10 <= self.medium <= 10 * self.bf16 else "between"
 
     def table(self) -> str:
         rows = [
@@ -99,6 +110,12 @@ def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
         highest = (a_dev @ b_dev).cpu()
     with float32_matmul_precision("tf32"):
         high = (a_dev @ b_dev).cpu()
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        medium = (a_dev @ b_dev).cpu()
+    finally:
+        torch.set_float32_matmul_precision(before)
     bf16 = (a.bfloat16().float() @ b.bfloat16().float())
     measured = None
     if supported_precisions(device)["tf32"] is None:
@@ -106,8 +123,51 @@ def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
     return TF32Error(
         n=n, fp32=_rel_error(fp32, ref), tf32_emulated=_rel_error(emulated, ref),
         bf16=_rel_error(bf16, ref), high_changes_result=not torch.equal(high, highest),
-        tf32_measured=measured,
+        tf32_measured=measured, medium=_rel_error(medium, ref), highest=_rel_error(highest, ref),
     )
+
+
+def tf32_input_bits(device="cuda") -> str | None:
+    """What this GPU's TF32 matmul does with the 13 mantissa bits it drops, measured:
+    ``"truncates"`` (PyTorch's notes: only the first 10 bits are read), ``"rounds"`` (to
+    nearest), or ``"keeps float32"`` (TF32 not used); ``None`` where TF32 does not exist.
+
+    A 64 x 64 matrix of 1 + 2^-11 + 2^-12 times the identity under "high": each result is
+    one input as the tensor core read it, 1 (truncated) or 1 + 2^-10 (rounded). Used by
+    ``make gpu-check`` (lesson 01 says the GPU decides).
+    """
+    from .hardware import supported_precisions
+
+    device = torch.device(device)
+    if supported_precisions(device)["tf32"] is not None:
+        return None
+    a = torch.full((64, 64), 1 + 2.0**-11 + 2.0**-12, device=device)
+    eye = torch.eye(64, device=device)
+    with float32_matmul_precision("tf32"):
+        read = (a @ eye).unique().tolist()
+    return {1.0: "truncates", 1 + 2.0**-10: "rounds"}.get(read[0], "keeps float32") if len(read) == 1 else "mixed"
+
+
+def selfcheck(device=None) -> list:
+    """The matmul-precision statements of lessons 01 and 05, checked on ``device`` (``make gpu-check``)."""
+    from .claims import check, measured
+    from .hardware import pick_device, supported_precisions
+
+    dev = pick_device(device)
+    err = tf32_error(256, dev)
+    out = [check("float32's error < TF32's (emulated) < bf16's on a 256 x 256 matmul",
+                 err.fp32 < err.tf32_emulated < err.bf16,
+                 f"{measured(err.fp32, '.1e')}, {measured(err.tf32_emulated, '.1e')}, {measured(err.bf16, '.1e')}"),
+           check("set_float32_matmul_precision('medium') gives float32's error or bf16's, nothing between",
+                 err.medium_level in ("float32", "bf16"), f"here: {err.medium_level}")]
+    if supported_precisions(dev)["tf32"] is None:
+        how = tf32_input_bits(dev)
+        out.append(check("'high' changes a float32 matmul on this GPU (TF32 tensor cores)", err.high_changes_result))
+        out.append(check("TF32 keeps 10 mantissa bits of each input here", how in ("truncates", "rounds"),
+                         f"it {how}"))
+    else:
+        out.append(check(f"'high' changes nothing on {dev.type}, which has no TF32", not err.high_changes_result))
+    return out
 
 
 def tf32_speedup(n: int = 4096, device="cuda", repeats: int = 10) -> float | None:

@@ -152,6 +152,7 @@ def device_checks(device) -> list[tuple[str, list]]:
 
 _DEVICE_CHECKS = (
     ("hardware", "hardware", "selfcheck"),
+    ("matmul precision (lessons 01, 05)", "matmul", "selfcheck"),
     ("autocast lists (lesson 02)", "trace", "selfcheck"),
     ("error messages (lesson 06)", "errors", "selfcheck"),
     ("torch.distributed (lesson 07)", "distributed", "selfcheck"),
