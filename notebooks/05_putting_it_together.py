@@ -84,20 +84,41 @@ result = bench.train_side_by_side(lambda: mlp(64, 128, 10, depth=2), data, runna
 print(result.quality_table())
 
 # %% [markdown]
-# The accuracy column answers the first question; the largest gap to fp32, in accuracy
-# and in the mean loss of the last 20 steps:
+# The accuracy column answers the first question. Checked, against fp32, in accuracy and
+# in the mean loss of the last 20 steps:
 
 # %%
+from amp_lessons.claims import at_least, at_most, between, check, measured
+
 fp32_run = result.runs["fp32"]
 for p, run in result.runs.items():
     if p != "fp32":
-        acc = round(run.accuracy - fp32_run.accuracy, 2) + 0.0  # + 0.0: no "-0.00"
-        tail = round(sum(run.losses[-20:]) / 20 - sum(fp32_run.losses[-20:]) / 20, 2) + 0.0
-        print(f"{p}: accuracy {acc:+.2f}, late loss {tail:+.2f} vs fp32")
+        print(at_most(f"{p} reaches fp32's test accuracy within 0.02", abs(run.accuracy - fp32_run.accuracy), 0.02))
+        late = abs(sum(run.losses[-20:]) - sum(fp32_run.losses[-20:])) / 20
+        print(at_most(f"{p}'s late loss is within 0.05 of fp32's", late, 0.05))
+
+# %% [markdown]
+# The test accuracy comes from `Trainer.evaluate`, which runs the test set under the same
+# autocast as training, inside `torch.no_grad()`. Evaluation needs no GradScaler (there is
+# no backward to scale), and its 16-bit activations are not even kept. The logits of the
+# test set, evaluated that way:
+
+# %%
+from amp_lessons.precision import dtype_of
+
+for p in [p for p in result.runs if p in ("bf16", "fp16")]:
+    model = result.runs[p].trainer.model
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype_of(p)):
+        logits = model(data.x_test.to(device))
+    model.train()
+    print(f"{p}: logits {logits.dtype}, autograd graph recorded: {logits.requires_grad}")
 
 # %% [markdown]
 # `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). `act MB` is the
-# memory the next section is about. The step times are in the figure's middle panel:
+# memory the next section is about. The step times are in the figure's lower left panel;
+# the lower right one stacks everything a training step holds, and only the activations
+# shrink:
 
 # %%
 from amp_lessons import plots
@@ -125,20 +146,62 @@ for p, run in result.runs.items():
 
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
-# that remain are the loss: autocast keeps `log_softmax` and the loss in float32, and the
-# labels are int64. The ratio to fp32, and the card's claim against it:
+# that remain belong to the loss (the logits cast to float32 for it, lesson 02), and the
+# labels are int64. The ratio to fp32 (exact byte counts, the same on every machine), and
+# the card's claim against it:
 
 # %%
 for p in result.runs:
     if p in ("bf16", "fp16"):
-        print(bench.memory_verdict(result.memory_ratio(p), p))
+        print(between(f"{p} keeps half of fp32's activation bytes, as the card says (0.45 to 0.55)",
+                      result.memory_ratio(p), 0.45, 0.55, ".2f"))
 
 # %% [markdown]
-# On a GPU the allocator also reports the peak memory of a whole step
-# (`measure.cuda_peak_memory`); `python -m amp_lessons bench` prints it there as
-# `peak MB`. The saved-tensor count above is the part of that peak which mixed precision
-# halves.
+# ### What a batch twice as large costs
 #
+# Half the activation bytes is not twice the batch. A training step holds more than its
+# activations: the float32 weights, their gradients and AdamW's two moments stay float32
+# under autocast, and autocast adds its 16-bit copies of the weights.
+#
+# **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
+#
+# `doubled_batch` counts every kind of bytes at the batch and at twice it. These are exact
+# byte counts, not timings: the same on every machine.
+
+# %%
+from amp_lessons.measure import doubled_batch
+
+low = [p for p in result.runs if p != "fp32"]
+cost = doubled_batch(result.runs["fp32"].trainer.model, x, y, low)
+print(cost.table())
+print("\n".join(cost.fits_lines()))
+
+# %% [markdown]
+# Only the activations column halves. Whether 16 bits fits a larger batch at all depends
+# on the activations against the weight copies, which grow with the weights and not with
+# the batch. The bench's larger MLP at its batch:
+
+# %%
+big_model, big_x, big_y = bench.build("mlp", bench.default_sizes("mlp", device), device)
+big = doubled_batch(big_model, big_x, big_y, low)
+print(big.table())
+print("\n".join(big.fits_lines()))
+
+# %%
+ratios = [c.batch_in_fp32_memory(p) / c.batch for c in (cost, big) for p in low]
+print(check("in fp32's memory, no 16-bit step fits a batch twice as large: only the activations halve",
+            all(r < 2 for r in ratios), f"largest: {measured(max(ratios), '.2f')}x"))
+
+# %% [markdown]
+# On a GPU the allocator also keeps the peak of a whole step, short-lived tensors included
+# (`measure.cuda_peak_memory`; `python -m amp_lessons bench` prints it as `peak MB`). On a
+# CPU torch keeps no such counter, and the byte counts above are what there is to show:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(cost.peak_line())
+
+# %% [markdown]
 # ## Speed: "2-3x faster"
 #
 # **Predict**: the card says 2-3x *on modern GPUs*. What will the ratio be on the device
@@ -161,8 +224,8 @@ print(result.speed_table())
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-b = bench.run_bench(("mlp",), runnable, device, warmup=2, repeats=5)
-print(b.table())
+b = bench.run_bench(("mlp",), runnable, device, warmup=1, repeats=5, breakdown=True, profile_steps=3)
+print(b.table(breakdown=False))
 digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
 for p in [p for p in result.runs if p != "fp32"]:
     print(f"\ndigits MLP: {bench.speed_verdict(result.speedup(p), p)}")
@@ -187,15 +250,61 @@ plots.matmul_rates(b)
 #   card's 2-3x comes from them. Without them, 16-bit matmuls run on the same vector
 #   units as float32: native bf16 instructions (AVX512-BF16) can still win a little,
 #   emulation loses, and a CPU may have a fast bf16 kernel but no fast fp16 kernel at
-#   all, which the matmul block shows as a tiny fp16 rate.
-# - **Small models are not compute-bound**: when the fp32 step reaches only a small share
-#   of the matmul rate, time goes to launching small kernels, elementwise ops, the
-#   autocast casts and the optimizer, none of which 16-bit makes faster.
-# - **Memory is saved everywhere.** Whatever the speed verdict, the activation bytes halve:
-#   on a device where memory is the limit, that buys a batch twice as large.
+#   all: the reasons above read this device's measured rates.
+# - **Amdahl's law caps the gain.** Only the matmul part of a step gets faster. If matmuls
+#   take a share *f* of the fp32 step and run *r* times faster in 16 bits, the step gains
+#   at most 1 / ((1 - f) + f / r), and never more than 1 / (1 - f). The reasons above
+#   compute *f* and the bound for each step; the next section measures *f* directly.
 #
 # From a terminal, `python -m amp_lessons bench` (or `make bench`) prints the same table
 # for an MLP and a transformer; `--json` for scripts, `--help` for the sizes.
+#
+# ## Why not 2-3x here? Where one step's time goes
+#
+# A step is more than its matmuls: the elementwise ops of forward and backward,
+# autocast's casts, the optimizer, the Trainer's own bookkeeping and fetching the batch.
+# 16 bits speeds up none of them. The bench above also profiled Trainer steps of its MLP
+# with `torch.profiler` and added each op's own time to one category (the mapping is in
+# `amp_lessons.breakdown`).
+#
+# **Predict**: which categories will be as long in bf16 as in fp32?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print("\n".join(b.breakdown_lines("mlp")))
+
+# %%
+plots.step_breakdown(b, "mlp")
+
+# %% [markdown]
+# The lines under the table set each precision against Amdahl's law: with the fp32 step's
+# matmul share, at the best matmul rates the device reached, and at the rates the step's
+# own matmuls ran (their shapes are not the best size). The profiler adds a little time to
+# every op; the categories still account for each profiled step, and the rest of the step
+# (everything but the matmuls) is what 16 bits leaves alone:
+
+# %%
+fp32_step = b.breakdown("mlp", "fp32")
+print(between("the categories account for each profiled fp32 step", fp32_step.coverage, 0.9, 1.1, ".2f"))
+print(at_least("matmuls are at least 30% of the bench MLP's fp32 step", fp32_step.matmul_share, 0.3, ".2f"))
+rest = [b.breakdown("mlp", p).rest_ms / fp32_step.rest_ms for p in runnable
+        if p != "fp32" and b.breakdown("mlp", p) is not None]
+print(at_least("16 bits does not make the rest of the step much faster (at most 1/0.75 as fast)",
+               min(rest, default=1.0), 0.75, ".2f"))
+
+# %% [markdown]
+# So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are (the
+# matmul block), and how much of the step is not matmuls (the table). The last table
+# times changes that shrink the second part, side by side, each as a gain over the
+# Trainer as the lessons use it:
+#
+# - `grad_stats=False`: the Trainer skips its exact per-step gradient statistics (the
+#   zero count and the norm that lessons 01 and 03 read), which read every gradient again;
+# - `AdamW(foreach=True)` and `AdamW(fused=True)`: the optimizer updates all tensors in a
+#   few large kernels instead of a Python loop of small ones, where torch supports it on
+#   the device;
+# - `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` of the model
+#   (it compiles for a minute or more first; on a CPU it needs a C++ compiler).
 #
 # ## Master weights: why not `model.half()`?
 #
@@ -231,12 +340,17 @@ from amp_lessons.master import gradients, lost_fraction_by_lr, lost_updates
 
 trained = result.runs["fp32"].trainer.model
 grads = gradients(trained, x, y)
-for r in lost_updates(trained, grads, lr=1e-3, optimizer="sgd").values():
+lost = lost_updates(trained, grads, lr=1e-3, optimizer="sgd")
+for r in lost.values():
     print(r.line())
+print(at_most("the half-spacing rule predicts how many updates vanish, within 1%",
+              max(abs(r.unchanged - r.predicted) / max(1, r.unchanged) for r in lost.values()), 0.01))
+print(at_least("model.half() leaves at least 10x as many weights unchanged as float32 master weights",
+               max(1, lost["model.half()"].unchanged) / max(1, lost["fp32 master"].unchanged), 10))
 
 # %% [markdown]
-# The half-spacing rule predicts almost exactly which updates vanish. float32 loses only
-# updates below 2^-24 of the weight. Across learning rates:
+# The half-spacing rule predicts which updates vanish. float32 loses only updates below
+# 2^-24 of the weight. Across learning rates:
 
 # %%
 lrs = [1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4]
@@ -269,9 +383,10 @@ for r in lost_updates(trained, grads, lr=1e-3, optimizer="adam").values():
 # The card: *"lets float32 matmuls use TF32 tensor cores on NVIDIA GPUs, a near-free
 # speedup for code you do not convert."* TF32 is not a storage format: tensors stay
 # float32, but an Ampere-or-newer tensor core reads each matmul input with only 10 of
-# float32's 23 mantissa bits. `tf32_error` rounds the inputs the same way (round to
-# nearest even), so the precision cost shows on any device; on an NVIDIA GPU with TF32 it
-# also measures the real thing.
+# float32's 23 mantissa bits (lesson 01: PyTorch's notes say the rest are dropped; a
+# library may round instead). `tf32_error` rounds the inputs to 10 bits (round to nearest
+# even), so the precision cost shows on any device; on an NVIDIA GPU with TF32 it also
+# measures the real thing, and `make gpu-check` tells whether that GPU truncates or rounds.
 #
 # **Predict**: will TF32's error be closer to float32's or to bfloat16's?
 
@@ -288,19 +403,57 @@ print(err.table())
 # %%
 from amp_lessons.formats import format_info
 
-print("fp32 error < tf32 error < bf16 error:", err.fp32 < err.tf32_emulated < err.bf16)
-print("tf32 rounds each input by at most 2^-11 of its value:", format_info("tf32").eps / 2 == 2.0**-11)
-print("'high' changed this device's float32 matmul:", err.high_changes_result)
+print(check("float32's error < TF32's < bf16's", err.fp32 < err.tf32_emulated < err.bf16,
+            f"{measured(err.fp32, '.1e')} < {measured(err.tf32_emulated, '.1e')} < {measured(err.bf16, '.1e')}"))
+print("tf32 rounded to nearest errs by at most 2^-11 of a value:", format_info("tf32").eps / 2 == 2.0**-11)
+print(check("'high' changes this device's float32 matmul exactly where TF32 exists",
+            err.high_changes_result == (why_not["tf32"] is None)))
 
 # %% [markdown]
 # On a CPU, `"high"` changes nothing: TF32 is an NVIDIA tensor-core format and there is
-# no TF32 on a CPU. On an NVIDIA GPU with TF32 the speedup is measured here:
+# no TF32 on a CPU. `"medium"` is another matter: it allows float32 matmuls to run in
+# bfloat16 where the device has a faster bf16 unit for them: Ampere-or-newer GPUs, and
+# CPUs with AMX. **Predict** which error this device's float32 matmul has under `"medium"`:
+
+# %%
+print(f"float32 matmul error: 'highest' {measured(err.highest, '.1e')}, 'medium' {measured(err.medium, '.1e')}; "
+      f"a bf16 matmul's: {measured(err.bf16, '.1e')}")
+print(check("'medium' keeps float32's error (within 10x) or takes bf16's, nothing between",
+            err.medium_level in ("float32", "bf16")))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"here, 'medium' gives {err.medium_level}-level error")
+
+# %% [markdown]
+# A float32 model under `"medium"` on such a device silently computes its matmuls with
+# bf16's 7-bit mantissa. That is the trade the setting names; make it knowingly. On an
+# NVIDIA GPU with TF32 the speedup of `"high"` is measured here:
 
 # %%
 from amp_lessons.matmul import tf32_speedup
 
 speedup = tf32_speedup(device=device)
-print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: {speedup:.1f}x fp32's speed")
+print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
+
+# %% [markdown]
+# One more thing tensor cores care about: shapes. cuBLAS feeds 16-bit (and TF32) matmuls
+# to tensor cores most efficiently when the dimensions are multiples of 8 (16 bytes of
+# fp16), which is why vocabularies and hidden sizes get padded (GPT-2's 50257 tokens to
+# 50304, a multiple of 64, in nanoGPT). On a CUDA GPU the cell below times a 4096 matmul
+# against a 4095 one in the precision recommended there; a CPU has no tensor cores:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from amp_lessons.matmul import matmul_gflops
+
+if device.type == "cuda":
+    p = amp_lessons.hardware_report(device).recommended
+    aligned, ragged = matmul_gflops(4096, p, device), matmul_gflops(4095, p, device)
+    print(f"{p}: n=4096 {aligned:,.0f} GFLOP/s, n=4095 {ragged:,.0f} GFLOP/s ({aligned / ragged:.2f}x)")
+else:
+    print(f"not measured on {device.type}: no tensor cores; padding 50257 to a multiple of 64 gives "
+          f"{-(-50257 // 64) * 64}")
 
 # %% [markdown]
 # ## Remember
@@ -313,11 +466,12 @@ print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: 
 #   [01 number formats](01_number_formats.ipynb), the flushed gradients and the scaler
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
 # - Keep master weights in float32: the lost updates and Adam's zero `eps` above.
-# - Activation memory halves under bf16 and fp16 on every device; the speedup needs fast
-#   16-bit matmul kernels (tensor cores, AMX) and a model big enough to be compute-bound:
-#   measured above, and by `python -m amp_lessons bench`.
+# - Activation memory halves under bf16 and fp16 on every device, but the weights, gradients
+#   and optimizer state do not, so a doubled batch does not fit. The speedup needs fast
+#   16-bit matmul kernels (tensor cores, AMX), and Amdahl's law caps it by the matmul share
+#   of the step: measured above, and by `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs
-#   only; elsewhere it changes nothing.
+#   only; elsewhere it changes nothing. `"medium"` allows bf16 matmuls, on AMX CPUs too.
 # - Which precision to use on a given machine: [00 start here](00_start_here.ipynb).
 #
 # ## Watch out

@@ -40,6 +40,7 @@ import torch
 from torch.nn import functional as F
 
 from . import breakdown as bd
+from .claims import measured
 from .hardware import hardware_report, pick_device, supported_precisions
 from .matmul import matmul_flops, matmul_gflops
 from .measure import (
@@ -988,13 +989,14 @@ class SideBySide:
         return self.runs[parse_precision(precision)].activation_mb / self.runs["fp32"].activation_mb
 
     def quality_table(self) -> str:
-        """Accuracy, final loss, skipped steps and activation memory: the stable columns."""
+        """Accuracy, final loss, skipped steps and activation memory. The memory columns are
+        exact byte counts; accuracy and loss come out of float kernels (``≈``, lesson 05)."""
         lines = [f"{'precision':<13}{'accuracy':>9}{'final loss':>11}{'skipped':>8}"
                  f"{'act MB':>9}{'vs fp32':>8}{'w-copy MB':>10}"]
         for p, r in self.runs.items():
             label = p + (" +scaler" if needs_scaler(p) else "")
-            lines.append(f"{label:<13}{r.accuracy:>9.2f}{r.losses[-1]:>11.2f}{r.skipped:>8}"
-                         f"{r.activation_mb:>9.3f}{self.memory_ratio(p):>8.2f}{r.weight_copy_mb:>10.3f}")
+            lines.append(f"{label:<13}{measured(r.accuracy, '.2f'):>9}{measured(r.losses[-1], '.2f'):>11}"
+                         f"{r.skipped:>8}{r.activation_mb:>9.3f}{self.memory_ratio(p):>8.2f}{r.weight_copy_mb:>10.3f}")
         return "\n".join(lines)
 
     def speed_table(self) -> str:

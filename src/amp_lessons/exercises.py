@@ -561,7 +561,7 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     bad = sum(int((~torch.isfinite(p)).sum()) for p in model.parameters())
     total = sum(p.numel() for p in model.parameters())
     if bad:
-        bug(f"after {steps} steps {bad:,} of {total:,} weights are inf/NaN")
+        bug(f"after {steps} steps {measured(bad, ',')} of {total:,} weights are inf/NaN")
     else:
         findings.append(f"after {steps} steps every weight is finite; loss {measured(losses[0], '.2f')} -> "
                         f"{measured(losses[-1], '.2f')}")
