@@ -63,7 +63,7 @@ test-colab: $(COLAB_VENV)/.installed  ## the widget tests under ipywidgets 7.7.1
 # Each run logs every verdict with its figures to artifacts/claims/<config>.jsonl; `make
 # claims-report` tabulates them (the evidence for each verdict's margin).
 MATRIX_TORCH ?= 2.11.0 2.14.1
-CLAIMS := artifacts/claims
+CLAIMS := $(abspath artifacts/claims)
 matrix-env = AMP_LESSONS_CONFIG=$(1) AMP_LESSONS_CLAIMS_LOG=$(CLAIMS)/$(1).jsonl
 
 test-matrix: $(STAMP)  ## nbval under other CPU kernels and thread counts, then other torch releases

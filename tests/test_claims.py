@@ -110,3 +110,10 @@ def test_a_verdict_that_fails_makes_the_notebook_test_fail(tmp_path):
     _notebook(path, stored_value=3.0)
     assert _nbval(path, 2.5) == 0   # other digits, same verdict: passes
     assert _nbval(path, 1.5) == 1   # the claim does not hold here: nbval fails
+
+
+def test_the_log_folder_is_made_when_missing(tmp_path, monkeypatch):
+    log = tmp_path / "new" / "folder" / "claims.jsonl"
+    monkeypatch.setenv(claims.LOG_ENV, str(log))
+    at_least("logged", 1.0, 0.5)
+    assert json.loads(log.read_text())["claim"] == "logged"

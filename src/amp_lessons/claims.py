@@ -161,5 +161,6 @@ def _log(verdict: Verdict) -> None:
         return
     row = asdict(verdict)
     row["config"] = os.environ.get("AMP_LESSONS_CONFIG", "")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
