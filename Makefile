@@ -15,8 +15,9 @@ NBVAL := -m pytest --nbval $(NOTEBOOKS) --sanitize-with notebooks/sanitize.cfg -
 notebooks: export AMP_LESSONS_PROGRESS := 0
 notebooks: export OMP_NUM_THREADS := 1
 
-.PHONY: lab test test-unit test-notebooks test-distributed test-browser test-colab test-matrix lint notebooks pairs \
-	bench bench-widgets doctor gpu-check claims-report clean
+.SECONDEXPANSION:
+.PHONY: lab test test-unit test-notebooks test-distributed test-browser browser-lab test-colab test-matrix lint notebooks pairs \
+	bench bench-widgets doctor gpu-check claims-report clean matrix-native matrix-avx2 matrix-threads
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,8 +47,10 @@ test-distributed: $(STAMP)  ## lesson 07's 2-process torch.distributed tests alo
 	$(BIN)/python -m pytest tests -m distributed -q -p no:cacheprovider
 
 test-browser: $(STAMP)  ## the widgets in JupyterLab in headless Chromium, and under Colab's ipywidgets 7.7.1
+	$(MAKE) --no-print-directory -j2 --output-sync=target browser-lab test-colab
+
+browser-lab:
 	AMP_LESSONS_BROWSER=1 $(BIN)/python -m pytest tests -m browser -q
-	$(MAKE) test-colab
 
 COLAB_VENV := .venv-colab
 $(COLAB_VENV)/.installed: pyproject.toml
@@ -61,32 +64,47 @@ test-colab: $(COLAB_VENV)/.installed  ## the widget tests under ipywidgets 7.7.1
 
 # --- the matrix: the stored outputs must hold on other CPUs, thread counts and torch releases ---
 # Each run logs every verdict with its figures to artifacts/claims/<config>.jsonl; `make
-# claims-report` tabulates them (the evidence for each verdict's margin).
+# claims-report` tabulates them (the evidence for each verdict's margin). The runs are
+# independent, so two go at a time (one torch thread each, except the 2-thread run).
 MATRIX_TORCH ?= 2.11.0 2.14.1
 CLAIMS := $(abspath artifacts/claims)
 matrix-env = AMP_LESSONS_CONFIG=$(1) AMP_LESSONS_CLAIMS_LOG=$(CLAIMS)/$(1).jsonl
+MATRIX_JOBS := $(foreach v,$(MATRIX_TORCH),matrix-lessons-$(v) matrix-unit-$(v)) \
+	matrix-native matrix-avx2 matrix-threads
 
 test-matrix: $(STAMP)  ## nbval under other CPU kernels and thread counts, then other torch releases
 	rm -rf $(CLAIMS) && mkdir -p $(CLAIMS)
-	@echo "== (a) native kernels, 1 thread, no progress bars"
-	$(call matrix-env,native) OMP_NUM_THREADS=1 AMP_LESSONS_PROGRESS=0 $(BIN)/python $(NBVAL)
-	@echo "== (b) x86 kernels held to AVX2, as on a laptop without AVX-512"
-	$(call matrix-env,avx2) ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(BIN)/python $(NBVAL)
-	@echo "== (c) 2 threads, progress bars on"
-	$(call matrix-env,threads2) OMP_NUM_THREADS=2 AMP_LESSONS_PROGRESS=1 $(BIN)/python $(NBVAL)
-	$(foreach v,$(MATRIX_TORCH),$(MAKE) --no-print-directory matrix-torch TORCH_VERSION=$(v) &&) true
+	$(MAKE) --no-print-directory -j2 --output-sync=target $(MATRIX_JOBS)
 	$(BIN)/python tools/claims_report.py $(CLAIMS)
 
-# One torch release: its own venv, the unit tests, and every lesson compared with its stored outputs.
-TV = .venv-torch$(basename $(TORCH_VERSION))
-matrix-torch:
-	@echo "== torch $(TORCH_VERSION): unit tests and every lesson"
-	test -x $(TV)/bin/python || $(PYTHON) -m venv $(TV)
-	test -f $(TV)/.installed || ( \
-	  $(TV)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)" && \
-	  $(TV)/bin/python -m pip install --quiet -e ".[dev]" && touch $(TV)/.installed )
-	$(TV)/bin/python -m pytest tests -m "not browser" -q -p no:cacheprovider
-	$(call matrix-env,torch$(TORCH_VERSION)) $(TV)/bin/python $(NBVAL)
+matrix-native:
+	@echo "== (a) native kernels, 1 thread, no progress bars"
+	$(call matrix-env,native) OMP_NUM_THREADS=1 AMP_LESSONS_PROGRESS=0 $(BIN)/python $(NBVAL)
+
+matrix-avx2:
+	@echo "== (b) x86 kernels held to AVX2, as on a laptop without AVX-512"
+	$(call matrix-env,avx2) ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(BIN)/python $(NBVAL)
+
+matrix-threads:
+	@echo "== (c) 2 threads, progress bars on"
+	$(call matrix-env,threads2) OMP_NUM_THREADS=2 AMP_LESSONS_PROGRESS=1 $(BIN)/python $(NBVAL)
+
+# One torch release (e.g. 2.11.0) in its own venv (.venv-torch2.11): the unit tests, and
+# every lesson compared with its stored outputs.
+torch-venv = .venv-torch$(basename $(1))
+matrix-unit-%: $$(call torch-venv,%)/.installed
+	@echo "== torch $*: unit tests"
+	OMP_NUM_THREADS=1 $(call torch-venv,$*)/bin/python -m pytest tests -m "not browser" -q -p no:cacheprovider
+
+matrix-lessons-%: $$(call torch-venv,%)/.installed
+	@echo "== torch $*: every lesson"
+	$(call matrix-env,torch$*) OMP_NUM_THREADS=1 $(call torch-venv,$*)/bin/python $(NBVAL)
+
+.venv-torch%/.installed: pyproject.toml
+	test -x .venv-torch$*/bin/python || $(PYTHON) -m venv .venv-torch$*
+	.venv-torch$*/bin/python -m pip install --quiet "torch==$(filter $*.%,$(MATRIX_TORCH))"
+	.venv-torch$*/bin/python -m pip install --quiet -e ".[dev]"
+	touch $@
 
 claims-report:  ## the verdicts' figures under each matrix configuration
 	$(BIN)/python tools/claims_report.py $(CLAIMS)

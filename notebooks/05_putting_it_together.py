@@ -198,7 +198,6 @@ print(check("in fp32's memory, no 16-bit step fits a batch twice as large: only 
 # CPU torch keeps no such counter, and the byte counts above are what there is to show:
 
 # %%
-# NBVAL_IGNORE_OUTPUT
 print(cost.peak_line())
 
 # %% [markdown]
@@ -209,10 +208,9 @@ print(cost.peak_line())
 #
 # The digits runs' median milliseconds per optimizer step, their speed against fp32
 # (above 1 is faster), and the matmul work they got done per second. Timings change from
-# run to run, so these cells are not compared by the tests:
+# run to run (the `≈`), and so does the larger bench below, which the tests do not compare:
 
 # %%
-# NBVAL_IGNORE_OUTPUT
 print(result.speed_table())
 
 # %% [markdown]
@@ -391,7 +389,6 @@ for r in lost_updates(trained, grads, lr=1e-3, optimizer="adam").values():
 # **Predict**: will TF32's error be closer to float32's or to bfloat16's?
 
 # %%
-# NBVAL_IGNORE_OUTPUT
 from amp_lessons.matmul import tf32_error
 
 err = tf32_error(256, device)

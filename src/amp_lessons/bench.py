@@ -1000,11 +1000,12 @@ class SideBySide:
         return "\n".join(lines)
 
     def speed_table(self) -> str:
-        """Median ms per step and the speed ratio to fp32: these change from run to run."""
+        """Median ms per step and the speed ratio to fp32: these change from run to run (``≈``)."""
         lines = [f"{'precision':<13}{'ms/step':>9}{'speed vs fp32':>15}{'GFLOP/s':>9}"]
         for p, r in self.runs.items():
             label = p + (" +scaler" if needs_scaler(p) else "")
-            lines.append(f"{label:<13}{r.ms:>9.2f}{self.speedup(p):>14.2f}x{r.gflops:>9.1f}")
+            lines.append(f"{label:<13}{measured(r.ms, '.2f'):>9}{measured(self.speedup(p), '.2f') + 'x':>15}"
+                         f"{measured(r.gflops, '.1f'):>9}")
         return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .claims import measured
 from .formats import round_to_format
 from .measure import time_step
 from .precision import dtype_of, float32_matmul_precision, parse_precision
@@ -79,7 +80,7 @@ class TF32Error:
         if self.tf32_measured is not None:
             rows.append(("tf32 measured on this GPU (\"high\")", self.tf32_measured))
         width = max(len(r[0]) for r in rows)
-        lines = [f"{label:<{width}}  {err:.1e}" for label, err in rows]
+        lines = [f"{label:<{width}}  {measured(err, '.1e')}" for label, err in rows]  # float kernels
         lines.append(f"set_float32_matmul_precision('high') changes this device's result: "
                      f"{self.high_changes_result}")
         return "\n".join(lines)
@@ -150,7 +151,7 @@ def tf32_input_bits(device="cuda") -> str | None:
 
 def selfcheck(device=None) -> list:
     """The matmul-precision statements of lessons 01 and 05, checked on ``device`` (``make gpu-check``)."""
-    from .claims import check, measured
+    from .claims import check
     from .hardware import pick_device, supported_precisions
 
     dev = pick_device(device)
