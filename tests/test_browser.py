@@ -154,8 +154,12 @@ def loss_scale(k: int, reference_cell: str | None = None) -> Check:
         table = change.text(0)
         assert table.startswith(f"loss scale 2^{k} = "), table
         if reference_cell:
-            printed = cell_output(page, reference_cell)
-            assert table.strip() == printed.split("\nGradScaler starts at")[0].strip()
+            printed = cell_output(page, reference_cell).split("\nGradScaler starts at")[0]
+
+            def words(text):  # the lesson's cell marks its figures with ≈ (claims.measured)
+                return text.replace("≈", "").split()
+
+            assert words(table) == words(printed)
         assert change.images() and all(change.digests[i] for i in change.images())
 
     return check
@@ -224,7 +228,7 @@ LESSONS = [
             Step(slider_key("loss scale", "ArrowRight"), loss_scale(1)),
             Step(slider_key("loss scale", "PageUp"), loss_scale(6)),
             Step(slider_key("loss scale", "PageUp"), loss_scale(11)),
-            Step(slider_key("loss scale", "PageUp"), loss_scale(16, "print(scale_table(grads, 2.0**16))")),
+            Step(slider_key("loss scale", "PageUp"), loss_scale(16, "print(scale_table(grads, 2.0**16, measured=True))")),
         ]),
         WidgetCheck("format", [
             Step(toggle("format", "bf16"), shows(pure("value_in_format", "1e-8", "bf16"))),
