@@ -71,10 +71,27 @@ def execute(nb_path: Path, timeout: int = 600) -> float:
         nb, {"metadata": {"path": str(nb_path.parent)}}
     )
     seconds = time.perf_counter() - start
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = merged_streams(cell.outputs)
     nb = stable_widget_ids(nb, nb_path.stem)
     nbformat.write(nb, nb_path)
     jupytext.write(nb, _pair(nb_path), fmt=FMT)
     return seconds
+
+
+def merged_streams(outputs: list) -> list:
+    """Consecutive stdout (or stderr) outputs joined into one: how the kernel chunks a
+    cell's prints depends on timing, and the stored file should not."""
+    merged = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None
+                and prev.get("output_type") == "stream" and prev.get("name") == out.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
 
 
 WIDGET_ID = re.compile(r"[0-9a-f]{32}")
