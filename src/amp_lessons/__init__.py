@@ -14,13 +14,18 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``scaling``    lesson 03's configuration: small gradients, flush reports, scale changes
 - ``clipping``   lesson 04's clip orders, accumulation variants and the scaled-clip diagnostic
 - ``measure``    activation memory, what a training step holds, and step timing (05)
-- ``matmul``     matmul throughput per dtype and the TF32 error (05)
+- ``matmul``     matmul throughput per dtype, TF32's and "medium"'s error (01, 05)
 - ``master``     why master weights stay float32: lost updates, Adam's eps in fp16 (05)
 - ``bench``      ``python -m amp_lessons bench`` (05)
 - ``breakdown``  where a step's time goes (torch.profiler categories, Amdahl's bound) and
                  the changes that close part of the gap (05, ``bench --breakdown``)
 - ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
 - ``show``       ``expect_error``: a cell that fails on purpose prints and goes on (00, 02, 04)
+- ``claims``     ``measured`` figures (``≈``, masked by the tests) and the verdicts drawn from
+                 them, with their margins (every lesson)
+- ``progress``   progress bars: a widget view in notebooks (not compared by nbval), tqdm elsewhere
+- ``selfcheck``  ``python -m amp_lessons selfcheck`` (``make gpu-check``): every lesson as a
+                 script, every verdict, the device checks
 - ``errors``     the messages of lesson 06, reproduced from minimal loops, and their fixes (06)
 - ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's source (06)
 - ``distributed`` DDP and FSDP2 on N real ranks: ``launch``, the records, memory per rank,
