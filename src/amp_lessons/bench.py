@@ -855,15 +855,6 @@ def speed_verdict(speedup: float | None, precision: str) -> str:
     return f"{precision} ran {speedup:.2f}x as fast as fp32 here: slower than fp32, not 2-3x faster."
 
 
-def memory_verdict(ratio: float, precision: str) -> str:
-    """One sentence on a measured activation-memory ratio (``precision bytes / fp32 bytes``)."""
-    if 0.45 <= ratio <= 0.55:
-        return f"{precision} keeps {ratio:.2f} of fp32's activation bytes: the card's 'half the memory' holds."
-    if ratio < 1:
-        return f"{precision} keeps {ratio:.2f} of fp32's activation bytes: less, but not half."
-    return f"{precision} keeps {ratio:.2f} of fp32's activation bytes: no saving."
-
-
 def _hardware_reason(dev, name: str) -> str:
     r = hardware_report(dev)
     if dev.type == "cuda":
