@@ -261,7 +261,9 @@ plots.matmul_rates(b)
 #
 # A step is more than its matmuls: the elementwise ops of forward and backward,
 # autocast's casts, the optimizer, the Trainer's own bookkeeping and fetching the batch.
-# 16 bits speeds up none of them. The bench above also profiled Trainer steps of its MLP
+# 16-bit kernels do not speed these up the way they speed up matmuls: an elementwise op
+# on a 16-bit tensor moves half the bytes, the casts are work fp32 never does, and the
+# optimizer updates float32 master weights in every precision. The bench above also profiled Trainer steps of its MLP
 # with `torch.profiler` and added each op's own time to one category (the mapping is in
 # `amp_lessons.breakdown`).
 #
@@ -278,17 +280,28 @@ plots.step_breakdown(b, "mlp")
 # The lines under the table set each precision against Amdahl's law: with the fp32 step's
 # matmul share, at the best matmul rates the device reached, and at the rates the step's
 # own matmuls ran (their shapes are not the best size). The profiler adds a little time to
-# every op; the categories still account for each profiled step, and the rest of the step
-# (everything but the matmuls) is what 16 bits leaves alone:
+# every op; the categories still account for each profiled step. The matmul share is the
+# *f* of Amdahl's law; the rest of the step (everything but the matmuls) is what a faster
+# matmul cannot touch:
 
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
 print(between("the categories account for each profiled fp32 step", fp32_step.coverage, 0.9, 1.1, ".2f"))
 print(at_least("matmuls are at least 30% of the bench MLP's fp32 step", fp32_step.matmul_share, 0.3, ".2f"))
-rest = [b.breakdown("mlp", p).rest_ms / fp32_step.rest_ms for p in runnable
-        if p != "fp32" and b.breakdown("mlp", p) is not None]
-print(at_least("16 bits does not make the rest of the step much faster (at most 1/0.75 as fast)",
-               min(rest, default=1.0), 0.75, ".2f"))
+
+# %% [markdown]
+# The rest of the step in each 16-bit precision the bench profiled (a precision too slow
+# here to time has no line: which ones that is depends on the device, so the cell's output
+# is not compared):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not None]:
+    step = b.breakdown("mlp", p)
+    print(f"{p}: the rest of the step takes {measured(step.rest_ms / fp32_step.rest_ms, '.2f')}x fp32's "
+          f"(casts {measured(step.ms['autocast casts'], '.2f')} ms, elementwise "
+          f"{measured(step.ms['forward rest'] + step.ms['backward rest'], '.2f')} ms against fp32's "
+          f"{measured(fp32_step.ms['forward rest'] + fp32_step.ms['backward rest'], '.2f')} ms)")
 
 # %% [markdown]
 # So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are (the

@@ -301,9 +301,18 @@ def test_a_rank_that_raises_stops_the_run_and_leaves_nothing():
 
 @pytest.mark.distributed
 def test_a_killed_rank_is_reported_and_the_others_stopped():
-    with pytest.raises(D.RankFailedError, match="rank 0 of 2 was killed by SIGKILL") as info:
+    with pytest.raises(D.RankFailedError, match="rank 0 of 2 was killed by SIGKILL after 0 jobs without writing an error") as info:
         D.launch([D.fail_job(rank=0, how="kill")])
     assert_nothing_left(info.value)
+
+
+def test_a_silent_death_says_how_far_the_rank_got(tmp_path):
+    assert D._how_far(tmp_path, 0, "direct") == "after 0 jobs"
+    (tmp_path / "rank0.progress").write_text("1")
+    assert D._how_far(tmp_path, 0, "direct") == "after 1 job"
+    (tmp_path / "rank0.json").write_text("{}")  # the record is written: it died while exiting
+    assert D._how_far(tmp_path, 0, "direct") == "while exiting, after writing its record"
+    assert D._how_far(tmp_path, 0, "torchrun") == "while its ranks ran"
 
 
 @pytest.mark.distributed

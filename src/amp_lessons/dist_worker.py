@@ -532,5 +532,16 @@ def main(argv=None) -> int:
         return 1
 
 
+def _exit(code: int) -> None:
+    """Leave without the interpreter's teardown. The rank's record (or error) is written and
+    its process group destroyed by now; what is left is finalization, where gloo's worker
+    threads can still hold tensors that need the GIL, and the process aborts with
+    "terminate called without an active exception" (SIGABRT) now and then, after its work is
+    done. ``os._exit`` skips that; the launcher reads the record, not the teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -408,11 +408,26 @@ def _failure(procs, run_dir, nproc, port, via) -> LaunchError:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
         who = "torchrun" if via == "torchrun" else f"rank {i} of {nproc}"
         out = _tail(run_dir / ("torchrun.out" if via == "torchrun" else f"rank{i}.out"))
-        err = RankFailedError(f"{who} {how} without writing an error (out of memory? killed?). The other "
-                              f"ranks were stopped. Its output ends with:\n{out or '(nothing)'}",
+        err = RankFailedError(f"{who} {how} {_how_far(run_dir, i, via)} without writing an error (out of "
+                              f"memory? killed?). The other ranks were stopped. Its output ends with:\n"
+                              f"{out or '(nothing)'}",
                               None if via == "torchrun" else i, None, None, "", out)
     err.pids = tuple(p.pid for p in procs)
     return err
+
+
+def _how_far(run_dir, rank: int, via: str) -> str:
+    """Where a rank that died silently had got to: its jobs done, and whether its record was
+    written (then it died while exiting, after its work)."""
+    if via == "torchrun":
+        return "while its ranks ran"
+    if (run_dir / f"rank{rank}.json").exists():
+        return "while exiting, after writing its record"
+    try:
+        done = int((run_dir / f"rank{rank}.progress").read_text() or 0)
+    except (OSError, ValueError):
+        done = 0
+    return f"after {done} job{'s' if done != 1 else ''}"
 
 
 def _rank_error(first: dict, run_dir, nproc, port, via) -> LaunchError:
