@@ -111,7 +111,7 @@ def test_job_builders_refuse_what_cannot_run():
         D.fsdp_job("x", inf_at=(1,))
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         D.ddp_job("x", steps=0)
-    with pytest.raises(ValueError, match="how must be raise, kill, exit or hang"):
+    with pytest.raises(ValueError, match="how must be one of raise, kill, exit, hang, abort_after_record"):
         D.fail_job(how="segfault")
     assert D.fsdp_job("x", torch.bfloat16, "float32")["param_dtype"] == "bf16"
     with pytest.raises(ValueError, match="jobs need distinct names"):
@@ -304,6 +304,14 @@ def test_a_killed_rank_is_reported_and_the_others_stopped():
     with pytest.raises(D.RankFailedError, match="rank 0 of 2 was killed by SIGKILL after 0 jobs without writing an error") as info:
         D.launch([D.fail_job(rank=0, how="kill")])
     assert_nothing_left(info.value)
+
+
+@pytest.mark.distributed
+def test_a_rank_that_dies_exiting_after_its_record_loses_nothing():
+    run = D.launch([D.fail_job(rank=0, how="abort_after_record"), D.reduce_job(n=100)])
+    assert [r["rank"] for r in run.ranks] == [0, 1] and len(run["reduce"]) == 2
+    assert run.exit_codes[0] == -signal.SIGABRT and run.exit_codes[1] == 0
+    assert_nothing_left(run)
 
 
 def test_a_silent_death_says_how_far_the_rank_got(tmp_path):

@@ -420,7 +420,8 @@ def run_reduce(ctx: Context, job: dict) -> dict:
 
 
 def run_fail(ctx: Context, job: dict) -> dict:
-    """Rank ``job["rank"]`` raises, dies (SIGKILL) or hangs; the others wait at a barrier."""
+    """Rank ``job["rank"]`` raises, dies (SIGKILL), exits, hangs, or aborts once its record is
+    written; the others wait at a barrier."""
     if ctx.rank == job.get("rank", 1):
         how = job.get("how", "raise")
         if how == "raise":
@@ -431,6 +432,15 @@ def run_fail(ctx: Context, job: dict) -> dict:
             time.sleep(job.get("seconds", 3600))
         if how == "exit":
             os._exit(job.get("code", 3))
+        if how == "abort_after_record":  # finishes its work, then aborts as gloo's teardown can
+            record = Path(os.getcwd()) / f"rank{ctx.rank}.json"
+
+            def abort_once_recorded():
+                while not record.exists():
+                    time.sleep(0.01)
+                os.abort()
+
+            threading.Thread(target=abort_once_recorded, daemon=True).start()
     dist.barrier()
     return {"kind": "fail"}
 

@@ -138,9 +138,12 @@ def reduce_job(name: str = "reduce", n: int = 100_000) -> dict:
 
 def fail_job(name: str = "fail", rank: int = 1, how: str = "raise", seconds: float = 3600) -> dict:
     """A rank that fails on purpose: ``how`` = ``raise``, ``kill`` (SIGKILL), ``exit`` or
-    ``hang`` (sleeps ``seconds``) while the other ranks wait at a barrier."""
-    if how not in ("raise", "kill", "exit", "hang"):
-        raise ValueError(f"how must be raise, kill, exit or hang; got {how!r}")
+    ``hang`` (sleeps ``seconds``) while the other ranks wait at a barrier; or
+    ``abort_after_record``: it finishes, then dies of SIGABRT once its record is written, as
+    gloo's teardown can (the run's results are whole)."""
+    hows = ("raise", "kill", "exit", "hang", "abort_after_record")
+    if how not in hows:
+        raise ValueError(f"how must be one of {', '.join(hows)}; got {how!r}")
     return {"kind": "fail", "name": name, "rank": rank, "how": how, "seconds": seconds}
 
 
@@ -165,6 +168,7 @@ class Run:
     seconds: float = 0.0
     names: list[str] = field(default_factory=list)
     marker: str = ""
+    exit_codes: list[int | None] = field(default_factory=list)  # a rank may die exiting, after its record
 
     @property
     def world_size(self) -> int:
@@ -298,6 +302,8 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
         try:
             _wait(procs, run_dir, nproc, port, timeout, via, shown)
             ranks = _read_records(run_dir, nproc, procs)
+            _settle(procs)
+            codes = [p.poll() for p in procs]
         except LaunchError as err:
             err.marker = marker
             raise
@@ -307,7 +313,7 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
                 shown.close()
         by_hand = f"torchrun --nproc-per-node={nproc} -m {WORKER} RUN_DIR"
         return Run(ranks, backend, ranks[0]["device"].split(":")[0], by_hand, time.monotonic() - start, names,
-                   marker)
+                   marker, codes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -353,8 +359,12 @@ def _wait(procs, run_dir, nproc, port, timeout, via, shown=None) -> None:
         if shown is not None and (done := _jobs_done(run_dir)) > shown.n:
             shown.update(done - shown.n)
         codes = [p.poll() for p in procs]
+        if _all_recorded(run_dir, nproc):
+            return  # every rank passed the last barrier and wrote its record: the results are whole
         if any(c not in (None, 0) for c in codes):
             time.sleep(0.2)  # let the other ranks' error files land, to name the first failure
+            if _all_recorded(run_dir, nproc):
+                return
             raise _failure(procs, run_dir, nproc, port, via)
         if all(c == 0 for c in codes):
             return
@@ -366,6 +376,12 @@ def _wait(procs, run_dir, nproc, port, timeout, via, shown=None) -> None:
             err.pids = tuple(p.pid for p in procs)
             raise err
         time.sleep(0.05)
+
+
+def _all_recorded(run_dir, nproc: int) -> bool:
+    """Every rank wrote its record (atomically, after the final barrier). A rank that then dies
+    while exiting (gloo's teardown can abort a finished process) has lost nothing."""
+    return all((run_dir / f"rank{r}.json").exists() for r in range(nproc))
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -442,6 +458,13 @@ def _rank_error(first: dict, run_dir, nproc, port, via) -> LaunchError:
         f"rank {r} of {nproc} failed in {first['stage']} with {first['type']}: {message}{lost}. "
         "The other ranks were stopped; the traceback is in this error's .traceback",
         r, first["stage"], first["type"], first["traceback"], _tail(out))
+
+
+def _settle(procs, seconds: float = 5.0) -> None:
+    """Give ranks that have written their records a moment to exit on their own."""
+    deadline = time.monotonic() + seconds
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _read_records(run_dir, nproc, procs) -> list[dict]:
