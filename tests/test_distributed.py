@@ -131,15 +131,14 @@ def test_backend_for_each_device(monkeypatch):
         D.backend_for("cuda", 2)
 
 
-def test_a_busy_port_is_refused_before_any_rank_starts():
+def test_a_busy_port_is_refused_before_any_rank_starts(monkeypatch):
+    monkeypatch.setattr(D, "_start", lambda *a, **k: pytest.fail("ranks were started on a busy port"))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        start = time.monotonic()
         with pytest.raises(D.PortInUseError, match=f"port {port} is in use.*Pass port=None"):
             D.launch([D.reduce_job()], port=port)
-        assert time.monotonic() - start < 5  # refused up front, not after starting ranks
     assert D.check_port(D.free_port()) > 0
     with pytest.raises(ValueError, match="port must be an integer"):
         D.check_port(70000)
@@ -325,10 +324,9 @@ def test_a_silent_death_says_how_far_the_rank_got(tmp_path):
 
 @pytest.mark.distributed
 def test_a_hanging_rank_times_out_and_leaves_nothing():
-    start = time.monotonic()
+    # the rank hangs for 120 s: a launch that ignored its timeout would finish without raising
     with pytest.raises(D.LaunchTimeoutError, match="did not finish within 5 s.*raise timeout=") as info:
-        D.launch([D.fail_job(rank=1, how="hang")], timeout=5)
-    assert time.monotonic() - start < 30
+        D.launch([D.fail_job(rank=1, how="hang", seconds=120)], timeout=5)
     assert_nothing_left(info.value)
 
 
