@@ -214,11 +214,11 @@ print(cost.peak_line())
 print(result.speed_table())
 
 # %% [markdown]
-# Why that ratio? A training step is mostly matrix multiplications, so the speed a
-# precision can reach is set by how fast this device multiplies matrices in it. The
-# bench runs a larger MLP and a matmul microbenchmark, every precision side by side. Then
-# both MLPs are set against the card's 2-3x, with the reasons read from these
-# measurements and this device's hardware report:
+# Why that ratio? The matrix multiplications are the part of a training step that 16 bits
+# speeds up most, so the speed a precision can reach is set largely by how fast this
+# device multiplies matrices in it. The bench runs a larger MLP and a matmul
+# microbenchmark, every precision side by side. Then both MLPs are set against the card's
+# 2-3x, with the reasons read from these measurements and this device's hardware report:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -287,7 +287,8 @@ plots.step_breakdown(b, "mlp")
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
 print(between("the categories account for each profiled fp32 step", fp32_step.coverage, 0.9, 1.1, ".2f"))
-print(at_least("matmuls are at least 30% of the bench MLP's fp32 step", fp32_step.matmul_share, 0.3, ".2f"))
+print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 step",
+               fp32_step.matmul_share, 0.2, ".2f"))
 
 # %% [markdown]
 # The rest of the step in each 16-bit precision the bench profiled (a precision too slow
