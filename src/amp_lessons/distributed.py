@@ -460,8 +460,9 @@ def _rank_error(first: dict, run_dir, nproc, port, via) -> LaunchError:
         r, first["stage"], first["type"], first["traceback"], _tail(out))
 
 
-def _settle(procs, seconds: float = 5.0) -> None:
-    """Give ranks that have written their records a moment to exit on their own."""
+def _settle(procs, seconds: float = 30.0) -> None:
+    """Give ranks that have written their records time to exit on their own (they do at once,
+    unless a machine is very busy); the launcher then stops any left."""
     deadline = time.monotonic() + seconds
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(0.05)
