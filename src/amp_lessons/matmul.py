@@ -22,7 +22,7 @@ import torch
 
 from .claims import measured
 from .formats import round_to_format
-from .hardware import Machine, resolve_machine
+from .hardware import resolve_machine
 from .measure import matmul_gflops
 from .precision import float32_matmul_precision
 
@@ -40,7 +40,7 @@ class TF32Error:
     bf16: float          # bfloat16 inputs, for scale
     high_changes_result: bool  # did "high" change this device's float32 matmul at all?
     tf32_measured: float | None  # the device's real TF32 result (NVIDIA Ampere+), else None
-    medium: float = math.nan     # this device's float32 matmul under "medium" (bf16 allowed)
+    medium: float = math.nan     # this device's float32 matmul under "medium"
     highest: float = math.nan    # this device's float32 matmul under "highest"
 
     @property
@@ -110,8 +110,9 @@ def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
     )
 
 
-def medium_levels(machine: Machine) -> tuple[str, ...]:
-    """The :attr:`TF32Error.medium_level` values torch's source allows for "medium" here.
+def medium_levels(device=None) -> tuple[str, ...]:
+    """The :attr:`TF32Error.medium_level` values torch's source allows for "medium" on
+    ``device`` (a name, a torch device or a :class:`~amp_lessons.hardware.Machine`).
 
     ``set_float32_matmul_precision("medium")`` sets cuBLAS's float32 matmuls to TF32 (CUDA
     has no bf16 mode for them) and oneDNN's to bf16 (aten/src/ATen/Context.cpp,
@@ -119,6 +120,7 @@ def medium_levels(machine: Machine) -> tuple[str, ...]:
     on one that does not; on a CPU, bf16 where oneDNN runs the matmul in bf16, else float32.
     MPS follows none of these flags that torch documents: any of the three.
     """
+    machine = resolve_machine(device, measure=False)
     if machine.type == "cuda":
         return ("tf32",) if machine.tf32_hardware else ("float32",)
     if machine.type == "cpu":
