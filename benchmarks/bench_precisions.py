@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from amp_lessons.__main__ import build_parser
-from amp_lessons.bench import result_from_args
+from amp_lessons.benchcli import result_from_args, table
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         argv = argv[:i] + argv[i + 2:]
     args = build_parser().parse_args(["bench", *argv])
     result = result_from_args(args)
-    print(result.table())
+    print(table(result))
     out = out or Path("artifacts") / f"bench-{result.device.replace(':', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")

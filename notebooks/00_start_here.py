@@ -97,11 +97,11 @@ amp_lessons.seed_everything(0)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from amp_lessons.hardware import matmul_speedups
+from amp_lessons.hardware import resolve_machine
 
-device = amp_lessons.pick_device()
-speedups = matmul_speedups(device)  # one small matmul per precision (see below)
-report = amp_lessons.hardware_report(device, measure=speedups)
+machine = resolve_machine()  # this device, once: what it runs, and what it measures (below)
+device, speedups = machine.device, machine.speedups  # one small matmul per precision
+report = machine.report()
 print(report.table())
 
 # %% [markdown]
@@ -137,12 +137,14 @@ print(report.recommended, "+ GradScaler" if report.use_scaler else "(no GradScal
 print(report.reason)
 
 # %% [markdown]
-# The same rules, applied to the devices learners use most. `recommend` is a pure
-# function of a device's facts, so this table is the same on every machine (CPUs without a
-# measurement fall back to their class's rule):
+# The same rule, applied to the devices learners use most. `recommend` is a pure function
+# of a device's facts, the one every command and lesson calls, so this table is the same on
+# every machine. A GPU's answer follows its compute capability. A CPU's follows the
+# measurement, whatever its instruction sets: the table asks `recommend` at a bf16 matmul
+# rate just at the threshold and just below it, and prints both answers:
 
 # %%
-from amp_lessons.hardware import recommend
+from amp_lessons.hardware import CPU_BF16_MIN_SPEEDUP, recommend
 
 devices = {
     "laptop CPU, no bf16 instructions": ("cpu", None, False, False, False),
@@ -154,6 +156,11 @@ devices = {
     "H100 (9.0)": ("cuda", (9, 0), True, False, False),
 }
 for label, facts in devices.items():
+    if facts[0] == "cpu":
+        at, below = CPU_BF16_MIN_SPEEDUP, CPU_BF16_MIN_SPEEDUP - 0.01
+        fast, slow = (recommend(*facts, bf16_speedup=r)[0] for r in (at, below))
+        print(f"{label:<34} {fast} where a bf16 matmul measures >= {at}x fp32's rate, else {slow}")
+        continue
     precision, scaler, _ = recommend(*facts)
     print(f"{label:<34} {precision}{' + GradScaler' if scaler else ''}")
 

@@ -241,7 +241,7 @@ print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 # the end has the third) and 17 single calls:
 
 # %%
-from amp_lessons.trace import simulation_verdicts
+from amp_lessons.devicechecks import simulation_verdicts
 
 for verdict in simulation_verdicts(device, [dtype]):
     print(verdict)
@@ -339,7 +339,7 @@ print(probe_table(["sum(x)", "mean(x)"], dtype))
 # replay with the real traces.
 
 # %%
-from amp_lessons.trace import statement_verdicts
+from amp_lessons.devicechecks import statement_verdicts
 
 for verdict in statement_verdicts(device, [dtype]):
     print(verdict)

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from amp_lessons import bench
+from amp_lessons import bench, benchcli
 from amp_lessons.__main__ import build_parser, main
-from amp_lessons.matmul import matmul_flops, matmul_gflops, tf32_error
-from amp_lessons.measure import saved_memory
+from amp_lessons.matmul import tf32_error
+from amp_lessons.measure import matmul_flops, matmul_gflops, saved_memory
 from amp_lessons.precision import PRECISIONS
 
 TINY = ["--device", "cpu", "--width", "64", "--depth", "2", "--batch", "16", "--seq", "8",
@@ -228,9 +228,9 @@ def test_a_noisy_run_is_flagged_in_the_table():
     result = bench.BenchResult(device="cpu", device_line="", sizes={})
     result.rows = [bench.Row("mlp", "fp32", "ok", ms=10.0, spread=0.1, speedup=1.0, activation_mb=1.0,
                              activation_ratio=1.0, weight_copy_mb=0.0, tflops=0.1)]
-    assert result.noise_note() is None and "note:" not in result.table()
+    assert result.noise_note() is None and "note:" not in benchcli.table(result)
     result.rows[0].spread = 0.6
-    assert "varied by 60% of their median" in result.table()
+    assert "varied by 60% of their median" in benchcli.table(result)
 
 
 SMALL = ["--device", "cpu", "--model", "mlp", "--width", "64", "--depth", "2", "--batch", "32",
@@ -274,9 +274,9 @@ def test_breakdown_table_names_categories_peak_and_amdahl(capsys, tmp_path):
     assert "bf16 vs fp32: matmuls are" in out and "Amdahl's law" in out
     assert "what closes part of the gap" in out and "grad_stats=False" in out
     assert plot.stat().st_size > 0
-    result = bench.result_from_args(build_parser().parse_args(["bench", *SMALL, "--breakdown"]))
-    short = result.table(breakdown=False)
-    assert "where one Trainer step" not in short and result.table().startswith(short + "\n\nwhere one")
+    result = benchcli.result_from_args(build_parser().parse_args(["bench", *SMALL, "--breakdown"]))
+    short = benchcli.table(result, breakdown=False)
+    assert "where one Trainer step" not in short and benchcli.table(result).startswith(short + "\n\nwhere one")
 
 
 def test_compile_and_plot_need_the_breakdown(capsys):
@@ -358,7 +358,7 @@ def test_a_precision_too_slow_here_is_skipped_and_says_why(monkeypatch):
     assert fp16.activation_mb == exact.activation_bytes / 2**20
     assert fp16.weight_copy_mb == exact.weight_copy_bytes / 2**20
     assert fp16.activation_ratio == fp16.activation_mb / fp32.activation_mb
-    assert "too slow: one step is" in result.table()
+    assert "too slow: one step is" in benchcli.table(result)
     assert bench.speed_verdict(fp16.speedup, "fp16") == "fp16 was not timed here: the bench's table says why."
 
 

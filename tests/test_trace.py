@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from amp_lessons import devicechecks
 from amp_lessons.exercises import check_dtype_predictions, dtype_exercise
 from amp_lessons.hardware import DeviceUnavailableError, available_devices
 from amp_lessons.models import TransformerBlock, card_model
@@ -19,13 +20,11 @@ from amp_lessons.trace import (
     PROBES,
     ProbeUnavailable,
     SimulationUnsupported,
-    compare_simulated,
     differences,
     example,
     lesson_dtype,
     probe,
     probe_table,
-    selfcheck,
     short,
     trace_example,
     trace_fn,
@@ -606,72 +605,6 @@ def test_probe_table_shows_each_device_side_by_side():
         probe("softmax", torch.float16, "cpu")
 
 
-# --- the self-check: simulated against real, and lesson 02's CUDA statements -----------------
-
-
-def test_compare_simulated_on_a_cpu_checks_the_replay_and_the_cuda_statements():
-    verdicts = compare_simulated("cpu")
-    assert verdicts and all(v.holds for v in verdicts), [v.line() for v in verdicts if not v.holds]
-    matches = [v for v in verdicts if "the simulation of cpu autocast" in v.claim]
-    statements = [v for v in verdicts if v.claim.startswith("cuda")]
-    assert len(matches) == 2 * 4 and len(statements) + len(matches) == len(verdicts)
-    assert all(v.claim.startswith("cuda (simulated), ") for v in statements)
-    assert {v.claim.split(",")[1].split(":")[0].strip() for v in statements} == {"bf16", "fp16"}
-    assert any("mean stays 16-bit" in v.claim for v in statements)
-    assert selfcheck("cpu") == verdicts or [v.line() for v in selfcheck("cpu")] == [v.line() for v in verdicts]
-    only = compare_simulated("cpu", dtypes=["fp16"])
-    assert {v.claim.split(",")[1].split(":")[0].strip() for v in only} == {"fp16"}
-
-
-def _pretend_cuda(monkeypatch, real):
-    """A CUDA machine, as far as compare_simulated can tell: ``real`` gives its traces."""
-    import amp_lessons.trace as trace
-
-    cuda = torch.device("cuda")
-    monkeypatch.setattr(trace, "pick_device", lambda d=None: cuda if d in (None, "cuda", cuda) else torch.device(d))
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # a T4: fp16 only
-    original = trace._real_trace
-
-    def real_trace(case, dtype, device):
-        if torch.device(device).type == "cpu":
-            return original(case, dtype, device)
-        return real(case, dtype)
-
-    monkeypatch.setattr(trace, "_real_trace", real_trace)
-
-
-def _as_real(tr):
-    tr.simulated = False
-    return tr
-
-
-def test_compare_simulated_on_cuda_compares_real_and_simulated_traces(monkeypatch):
-    import amp_lessons.trace as trace
-
-    # the "real" GPU, played by the replay itself but not labelled simulated: everything matches
-    _pretend_cuda(monkeypatch, lambda case, dtype: _as_real(trace._simulated_trace(case, dtype, "cuda")))
-    verdicts = compare_simulated()
-    assert verdicts and all(v.holds for v in verdicts), [v.line() for v in verdicts if not v.holds]
-    matches = [v for v in verdicts if "the simulation of cuda autocast" in v.claim]
-    assert len(matches) == 4 and all(v.claim.startswith("cuda, fp16: ") for v in matches)
-    statements = [v for v in verdicts if v not in matches]
-    assert statements and all(v.claim.startswith("cuda, fp16: ") for v in statements)  # real, not "(simulated)"
-    assert not any("bf16" in v.claim for v in verdicts)  # no bfloat16 on this GPU
-
-
-def test_compare_simulated_on_cuda_fails_when_the_device_disagrees(monkeypatch):
-    import amp_lessons.trace as trace
-
-    # a "GPU" whose autocast behaves like a CPU's: the replay and the statements must fail
-    _pretend_cuda(monkeypatch, lambda case, dtype: _as_real(trace._simulated_trace(case, dtype, "cpu")))
-    verdicts = compare_simulated()
-    failed = [v for v in verdicts if not v.holds]
-    assert any("(TransformerBlock)" in v.claim and "_softmax" in v.figures for v in failed)
-    assert any("(all 17 single calls)" in v.claim for v in failed)
-    assert any("softmax of a 16-bit input produces float32" in v.claim for v in failed)
-    assert any("mean stays 16-bit" in v.claim for v in failed)
-
-
 def test_lesson_dtype_is_lesson_00s_recommendation_or_autocasts_default():
     from dataclasses import replace
 
@@ -824,5 +757,5 @@ def test_a_probe_that_needs_float64_is_marked_on_mps(monkeypatch):
     with pytest.raises(ProbeUnavailable, match="MPS does not have"):
         probe("mm(a64, b64)", torch.float16, "mps")
     assert trace._cell("mm(a64, b64)", torch.float16, "mps", False) == "(no float64 on mps)"
-    assert "mm(a64, b64)" not in trace._probes_on(torch.device("mps"))
-    assert len(trace._probes_on(torch.device("mps"))) == len(PROBES) - 1
+    assert "mm(a64, b64)" not in devicechecks._probes_on(torch.device("mps"))
+    assert len(devicechecks._probes_on(torch.device("mps"))) == len(PROBES) - 1

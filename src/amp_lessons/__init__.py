@@ -13,10 +13,11 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``training``   the one training loop, its history and checkpoints (01, 03-05)
 - ``scaling``    lesson 03's configuration: small gradients, flush reports, scale changes
 - ``clipping``   lesson 04's clip orders, accumulation variants and the scaled-clip diagnostic
-- ``measure``    activation memory, what a training step holds, and step timing (05)
-- ``matmul``     matmul throughput per dtype, TF32's and "medium"'s error (01, 05)
+- ``measure``    activation memory, what a training step holds, step timing, matmul rates (05)
+- ``matmul``     TF32's and "medium"'s error, TF32's speed on a GPU (01, 05)
 - ``master``     why master weights stay float32: lost updates, Adam's eps in fp16 (05)
-- ``bench``      ``python -m amp_lessons bench`` (05)
+- ``bench``      the measurements of ``python -m amp_lessons bench`` (05); ``benchcli`` its
+                 command line and tables
 - ``breakdown``  where a step's time goes (torch.profiler categories, Amdahl's bound) and
                  the changes that close part of the gap (05, ``bench --breakdown``)
 - ``plots``      figures; ``widgets`` the interactive controls; ``exercises`` the checkers
@@ -26,6 +27,8 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``progress``   progress bars: a widget view in notebooks (not compared by nbval), tqdm elsewhere
 - ``selfcheck``  ``python -m amp_lessons selfcheck`` (``make gpu-check``): every lesson as a
                  script, every verdict, the device checks
+- ``devicechecks`` what the lessons say about devices, as verdicts: real on CUDA, replayed or
+                 simulated elsewhere (02's simulation check; ``make gpu-check``)
 - ``errors``     the messages of lesson 06, reproduced from minimal loops, and their fixes (06)
 - ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's source (06)
 - ``distributed`` DDP and FSDP2 on N real ranks: ``launch``, the records, memory per rank,

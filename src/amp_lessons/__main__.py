@@ -1,4 +1,4 @@
-"""Command line: ``python -m amp_lessons doctor``, ``bench``, ``selfcheck`` and ``lint``."""
+"""Command line: ``python -m amp_lessons doctor``, ``bench``, ``selfcheck``, ``lint`` and ``dist``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 
+from . import benchcli, distributed, lint, selfcheck
+from .hardware import resolve_machine
+
 
 def _doctor(args) -> int:
-    from .hardware import hardware_report
-
-    report = hardware_report(args.device, measure=not args.no_measure)
+    report = resolve_machine(args.device, measure=not args.no_measure).report()
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -25,22 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1, mps")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--no-measure", action="store_true",
-                        help="skip the quick matmul that grounds a CPU's recommendation")
+                        help="skip the quick matmul that decides a CPU's recommendation (it then says "
+                             "it was not measured)")
     doctor.set_defaults(run=_doctor)
-    try:
-        from . import bench
-    except ImportError:  # pragma: no cover - bench lands with lesson 05
-        bench = None
-    if bench is not None:
-        bench.add_parser(sub)
-    from . import selfcheck
-
+    benchcli.add_parser(sub)  # python -m amp_lessons bench (lesson 05)
     selfcheck.add_parser(sub)
-    from . import lint
-
     lint.add_parser(sub)  # python -m amp_lessons lint FILE.py (lesson 06)
-    from . import distributed
-
     distributed.add_parser(sub)  # python -m amp_lessons dist (lesson 07)
     return parser
 

@@ -1,5 +1,6 @@
-"""``python -m amp_lessons bench``: every precision this device runs, side by side, and
-where a mixed-precision step's time goes.
+"""The measurements of ``python -m amp_lessons bench``: every precision this device runs,
+side by side, and where a mixed-precision step's time goes. The command line and the
+tables it prints are :mod:`amp_lessons.benchcli`'s.
 
 One model and batch per row block (an MLP and a transformer stack), trained for a few
 steps in fp32, tf32, bf16 and fp16 + GradScaler in one process, with the timed steps
@@ -27,13 +28,13 @@ data), sets the step's matmul FLOP/s against the measured peak, bounds the speed
 Amdahl's law, and times the changes that close part of the gap side by side.
 
 Performance is read as ratios within one run, never as absolute thresholds.
-Used in 05_putting_it_together; the command prints the same tables.
+Used in 05_putting_it_together (:func:`train_side_by_side`, :func:`run_bench`,
+:func:`speed_reasons`) and by ``bench``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -41,13 +42,15 @@ from torch.nn import functional as F
 
 from . import breakdown as bd
 from .claims import measured
-from .hardware import hardware_report, pick_device, supported_precisions
-from .matmul import matmul_flops, matmul_gflops
+from .data import Dataset
+from .hardware import Machine, resolve_machine
 from .measure import (
     MB,
     SavedTensorsMeter,
     available_memory,
     cuda_peak_memory,
+    matmul_flops,
+    matmul_gflops,
     saved_memory,
     step_flops,
     time_interleaved,
@@ -61,6 +64,9 @@ from .precision import (
     parse_precision,
     uses_autocast,
 )
+from .progress import bar as progress_bar
+from .seeding import rng_state, seed_everything, set_rng_state
+from .training import Trainer
 
 MODELS = ("mlp", "transformer")
 SIZE_CHOICES = ("default", "small", "large")
@@ -331,6 +337,7 @@ class BenchResult:
     breakdowns: list[bd.Breakdown] = field(default_factory=list)
     closing: dict[str, bd.Closing] = field(default_factory=dict)
     load: tuple[float, float, float] | None = None
+    machine: Machine | None = field(default=None, repr=False, compare=False)  # what ran it; not in as_dict
 
     def row(self, model: str, precision: str) -> Row:
         for r in self.rows:
@@ -376,121 +383,24 @@ class BenchResult:
         return (f"note: step times varied by {max(spreads):.0%} of their median between repeats: "
                 f"something else is using this machine. Read the ratios from a quieter run{hint}.")
 
-    def table(self, breakdown: bool = True) -> str:
-        """The rows, the matmul block and the device line, as aligned text; with the
-        breakdown (unless ``breakdown=False``), its tables after them."""
-        out = [self.device_line]
-        for kind, s in self.sizes.items():
-            out.append(f"  {describe(kind, Sizes(**s))}" + (f", {s['heads']} heads" if kind == "transformer" else ""))
-        out.append("")
-        head = (f"{'model':<12} {'precision':<12} {'ms/step':>8} {'speedup':>8} {'act MB':>8} "
-                f"{'act ratio':>9} {'w-copy MB':>9} {'TFLOP/s':>8}")
-        if any(r.peak_mb is not None for r in self.rows):
-            head += f" {'peak MB':>8}"
-        out.append(head)
-        for r in self.rows:
-            label = r.precision + (" +scaler" if r.precision == "fp16" else "")
-            if r.status != "ok" and r.activation_mb is None:
-                out.append(f"{r.model:<12} {label:<12} {r.status}: {r.reason}")
-                continue
-            if r.status != "ok":  # not timed, memory measured
-                out.append(f"{r.model:<12} {label:<12} {'-':>8} {'-':>8} {r.activation_mb:8.2f} "
-                           f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:9.2f} {'-':>8}  "
-                           f"{r.status}: {r.reason}")
-                continue
-            line = (f"{r.model:<12} {label:<12} {r.ms:8.1f} {_x(r.speedup):>8} {r.activation_mb:8.2f} "
-                    f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:9.2f} {_num(r.tflops, '.3g'):>8}")
-            if r.peak_mb is not None:
-                line += f" {r.peak_mb:8.1f}"
-            out.append(line)
-        note = self.noise_note()
-        if note:
-            out += ["", note]
-        out += self._matmul_lines()
-        for kind in dict.fromkeys(b.model for b in self.breakdowns) if breakdown else ():
-            out += ["", *self.breakdown_lines(kind)]
-        return "\n".join(out)
-
-    def _matmul_lines(self) -> list[str]:
-        if not self.matmul:
-            return []
-        sizes = sorted({m.n for m in self.matmul})
-        out = ["", "matmul GFLOP/s (n x n @ n x n): " + "  ".join(f"n={n}" for n in sizes) + "   peak"]
-        notes = []
-        for p in dict.fromkeys(m.precision for m in self.matmul):
-            cells = {m.n: m for m in self.matmul if m.precision == p}
-            if all(m.gflops is None for m in cells.values()):
-                out.append(f"  {p:<6} {next(iter(cells.values())).reason}")
-                continue
-            line = "  ".join(f"{cells[n].gflops:>{len(str(n)) + 2}.0f}" if cells.get(n) and cells[n].gflops
-                             else f"{'-':>{len(str(n)) + 2}}" for n in sizes)
-            rate, n = self.peak(p)
-            out.append(f"  {p:<6} {line}   {rate:.0f} (n={n})")
-            notes += [f"  {p} n={m.n}: {m.reason}" for m in cells.values() if m.gflops is None and m.reason]
-        return out + notes
-
-    def breakdown_lines(self, kind: str) -> list[str]:
-        """One model's step breakdown, fraction of peak, Amdahl lines and closing table."""
-        bds = [b for b in self.breakdowns if b.model == kind]
-        if not bds:
-            return []
-        names = list(bds[0].ms)
-        out = [f"where one Trainer step's time goes: {describe(kind, Sizes(**self.sizes[kind]))} "
-               f"(torch.profiler, median of {bds[0].steps} steps; ms and share)",
-               f"{'':<18}" + "".join(f"{b.precision:>16}" for b in bds)]
-        for name in names:
-            out.append(f"{name:<18}" + "".join(f"{b.ms[name]:>9.1f} {b.share(name):>5.0%}" for b in bds))
-        out.append(f"{'sum of the above':<18}" + "".join(f"{b.total_ms:>9.1f}{'':>7}" for b in bds))
-        out.append(f"{'profiled step':<18}" + "".join(f"{b.wall_ms:>9.1f}{'':>7}" for b in bds))
-        out.append(f"{'step, no profiler':<18}" + "".join(
-            f"{b.step_ms:>9.1f}{'':>7}" if b.step_ms else f"{'-':>9}{'':>7}" for b in bds))
-        out.append("")
-        for b in bds:
-            line = f"{b.precision}: the step's matmuls run at {b.step_gflops:.0f} GFLOP/s over the whole step"
-            if b.peak_gflops:
-                line += (f", {b.peak_fraction:.0%} of this device's measured {b.precision} peak "
-                         f"({b.peak_gflops:.0f} at n={b.peak_n})")
-                line += f"; inside the matmul ops {b.matmul_gflops:.0f} ({b.matmul_gflops / b.peak_gflops:.0%})"
-            out.append(line)
-        lines = [self.amdahl(kind, b.precision) for b in bds if b.precision != "fp32"]
-        fp32 = self.breakdown(kind, "fp32")
-        if fp32 is not None:
-            out.append(f"fp32: if everything but the matmuls were free, the step would be "
-                       f"{1 / fp32.matmul_share if fp32.matmul_share else float('inf'):.2f}x faster")
-        out += [a.line() for a in lines if a is not None]
-        closing = self.closing.get(kind)
-        if closing is not None:
-            out += ["", "what closes part of the gap (each change's gain, side by side in one run):",
-                    closing.table()]
-        return out
-
-
-def _x(v) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def _num(v, fmt) -> str:
-    return "-" if v is None else format(v, fmt)
 
 
 def device_line(device) -> str:
     """One line naming the device and what decides its 16-bit speed (ISA, AMX; GPU capability)."""
-    r = hardware_report(device)
-    if torch.device(device).type == "cuda":
-        cc = "{}.{}".format(*r.cuda_capability)
-        return (f"device {r.device}: {r.name} (compute capability {cc}), bf16 "
-                f"{'native' if r.bf16_native else 'emulated'}, TF32 {'yes' if r.tf32_hardware else 'no'}, "
-                f"torch {r.torch_version}")
+    m = resolve_machine(device, measure=False)
+    if m.type == "cuda":
+        cc = "{}.{}".format(*m.cuda_capability)
+        return (f"device {m.device}: {m.name} (compute capability {cc}), bf16 "
+                f"{'native' if m.bf16_native else 'emulated'}, TF32 {'yes' if m.tf32_hardware else 'no'}, "
+                f"torch {torch.__version__}")
     threads = torch.get_num_threads()
-    return (f"device {r.device}: {r.cpu_name}, {threads} thread{'' if threads == 1 else 's'}, ISA {r.cpu_isa}, "
-            f"AVX512-BF16 {'yes' if r.avx512_bf16 else 'no'}, AMX {'yes' if r.amx_bf16 else 'no'}, "
-            f"torch {r.torch_version}")
+    return (f"device {m.device}: {m.cpu_name}, {threads} thread{'' if threads == 1 else 's'}, ISA {m.cpu_isa}, "
+            f"AVX512-BF16 {'yes' if m.avx512_bf16 else 'no'}, AMX {'yes' if m.amx_bf16 else 'no'}, "
+            f"torch {torch.__version__}")
 
 
 def _progress_bar(total: int, progress, desc: str = "bench"):
-    from .progress import bar
-
-    return bar(total, desc, progress)
+    return progress_bar(total, desc, progress)
 
 
 def _check_names(models, precisions) -> list[str]:
@@ -520,9 +430,10 @@ def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | N
     block (a quick probe still sets the time estimate). ``breakdown=True`` adds the step
     breakdowns and the closing table (``compile=True``: with a ``torch.compile`` row).
     """
-    dev = pick_device(device)
+    machine = resolve_machine(device, measure=False)
+    dev = machine.device
     names = _check_names(models, precisions)
-    why_not = supported_precisions(dev)
+    why_not = machine.supported()
     runnable = [p for p in names if why_not[p] is None]
     sizes = {kind: (sizes or {}).get(kind) or default_sizes(kind, dev, size) for kind in models}
     changes = (*bd.CHANGES, bd.COMPILE) if compile else bd.CHANGES
@@ -541,8 +452,8 @@ def run_bench(models=MODELS, precisions=PRECISIONS, device=None, sizes: dict | N
                        suggest(kind, s, fits_memory, _raised(kind, s, dev)))
     if matmul_sizes is None:
         matmul_sizes = MATMUL_SIZES["cuda" if dev.type == "cuda" else "cpu"]
-    result = BenchResult(device=str(dev), device_line=device_line(dev),
-                         sizes={k: asdict(v) for k, v in sizes.items()}, load=bd.load_average())
+    result = BenchResult(device=str(dev), device_line=device_line(machine),
+                         sizes={k: asdict(v) for k, v in sizes.items()}, load=bd.load_average(), machine=machine)
     for p in names:
         result.matmul += _matmul_rows(matmul_sizes, p, why_not[p], dev)
     rates = {p: _rate(result, p, dev) for p in runnable}
@@ -669,9 +580,6 @@ def _build_or_refuse(kind, sizes, dev):
 
 def _breakdown(result, kind, sizes, est, precisions, dev, changes, warmup, repeats, profile_steps, bar):
     """Time the closing changes side by side, then profile the Trainer as the lessons use it."""
-    from .data import Dataset
-    from .seeding import rng_state, set_rng_state
-
     state = rng_state()  # the Trainers seed the global generators: put them back afterwards
     try:
         base, _, _ = _build_or_refuse(kind, sizes, dev)
@@ -679,7 +587,8 @@ def _breakdown(result, kind, sizes, est, precisions, dev, changes, warmup, repea
         data = Dataset(x, y, x[:1], y[:1], name=f"bench {kind}")
 
         def make(p, change):
-            return bd.make_trainer(copy.deepcopy(base), data, p, dev, change, batch_size=sizes.batch)
+            return bd.make_trainer(copy.deepcopy(base), data, p, result.machine or dev, change,
+                                   batch_size=sizes.batch)
 
         tick = (lambda: bar.update(1)) if bar is not None else None
         closing, trainers = bd.closing_runs(make, precisions, dev, changes, warmup, repeats, on_step=tick)
@@ -728,114 +637,6 @@ def _matmul_rows(sizes, precision, why_not, dev, limit: float = MAX_MATMUL_SECON
     return rows
 
 
-def selfcheck_table(device) -> str:
-    """The bench with its breakdown, short repeats (``make gpu-check`` prints it)."""
-    return run_bench(device=device, warmup=1, repeats=3, breakdown=True, profile_steps=3).table()
-
-
-# -- command line ------------------------------------------------------------------------
-
-
-def add_parser(subparsers) -> None:
-    """Register ``bench`` on the ``python -m amp_lessons`` command line."""
-    p = subparsers.add_parser("bench", help="fp32 / tf32 / bf16 / fp16 side by side on this device")
-    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1")
-    p.add_argument("--model", choices=(*MODELS, "both"), default="both", help="which model (default both)")
-    p.add_argument("--precisions", default=",".join(PRECISIONS),
-                   help="comma-separated precisions (default: all; those this device cannot run are named)")
-    p.add_argument("--size", choices=SIZE_CHOICES, default="default",
-                   help="small: quick; large: matmuls are most of an fp32 step on this device type; "
-                        "default: the MLP large (matmul-bound) and the transformer small")
-    p.add_argument("--width", type=int, help="MLP hidden width / transformer dim")
-    p.add_argument("--depth", type=int, help="MLP hidden layers / transformer blocks")
-    p.add_argument("--batch", type=int, help="batch size")
-    p.add_argument("--seq", type=int, help="transformer tokens per example")
-    p.add_argument("--heads", type=int, help="transformer attention heads")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per precision (default 2)")
-    p.add_argument("--repeats", type=int, default=7, help="timed steps per precision; the median is reported")
-    p.add_argument("--matmul-sizes", default=None,
-                   help="comma-separated n for the matmul block (default per device; 'none' skips it)")
-    p.add_argument("--max-step-seconds", type=float, default=MAX_STEP_SECONDS,
-                   help=f"skip a precision whose step would take longer, estimated from its matmul "
-                        f"rate (default {MAX_STEP_SECONDS:g})")
-    p.add_argument("--breakdown", action="store_true",
-                   help="profile one Trainer step per precision by op category, with the fraction of "
-                        "matmul peak, Amdahl's bound, and the changes that close part of the gap")
-    p.add_argument("--compile", action="store_true",
-                   help="with --breakdown: add a torch.compile row (compiling takes a minute or more; "
-                        "on a CPU it needs a C++ compiler)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice); fewer can be faster on a busy machine")
-    p.add_argument("--plot", default=None, metavar="FILE",
-                   help="with --breakdown: save the stacked-bar figure of the breakdown to FILE (.png, .svg)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(run=_run)
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    if text.strip().lower() in ("none", ""):
-        return ()
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"--matmul-sizes must be comma-separated integers or 'none'; got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise ValueError(f"--matmul-sizes must be positive; got {text!r}")
-    return values
-
-
-def _run(args) -> int:
-    result = result_from_args(args)
-    print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
-    if getattr(args, "plot", None):
-        if not result.breakdowns:
-            raise ValueError("--plot draws the breakdown: add --breakdown")
-        from .plots import step_breakdown
-
-        for kind in dict.fromkeys(b.model for b in result.breakdowns):
-            path = args.plot if len(result.closing) <= 1 else _suffixed(args.plot, kind)
-            step_breakdown(result, kind).savefig(path, dpi=120, bbox_inches="tight")
-    return 0
-
-
-def _suffixed(path: str, kind: str) -> str:
-    stem, dot, ext = path.rpartition(".")
-    return f"{stem}-{kind}.{ext}" if dot else f"{path}-{kind}"
-
-
-def result_from_args(args) -> BenchResult:
-    """Run the bench as the parsed ``bench`` command line asks (used by benchmarks/ too)."""
-    dev = pick_device(args.device)
-    models = MODELS if args.model == "both" else (args.model,)
-    precisions = [p for p in args.precisions.split(",") if p.strip()]
-    if not precisions:
-        raise ValueError(f"--precisions needs at least one of {', '.join(PRECISIONS)} (comma-separated); "
-                         f"got {args.precisions!r}")
-    size = getattr(args, "size", "default")
-    sizes = {}
-    for kind in models:
-        base = default_sizes(kind, dev, size)
-        changes = {k: getattr(args, k) for k in ("width", "depth", "batch", "seq", "heads")
-                   if getattr(args, k) is not None}
-        sizes[kind] = Sizes(**{**asdict(base), **changes})
-        validate_sizes(kind, sizes[kind])
-    if args.warmup < 0 or args.repeats < 1:
-        raise ValueError("--warmup must be >= 0 and --repeats >= 1")
-    max_step = getattr(args, "max_step_seconds", MAX_STEP_SECONDS)
-    if not max_step > 0:
-        raise ValueError(f"--max-step-seconds must be positive; got {max_step}")
-    if getattr(args, "compile", False) and not getattr(args, "breakdown", False):
-        raise ValueError("--compile adds a row to the breakdown's closing table: add --breakdown")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be a positive integer; got {args.threads}")
-        torch.set_num_threads(args.threads)
-    matmul_sizes = None if args.matmul_sizes is None else _ints(args.matmul_sizes)
-    return run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes, size=size,
-                     breakdown=getattr(args, "breakdown", False), compile=getattr(args, "compile", False),
-                     max_step_seconds=max_step)
-
-
 # -- verdicts: the card's claims against what was measured ---------------------------------
 
 CARD_SPEEDUP = (2.0, 3.0)  # "2-3x faster training ... on modern GPUs"
@@ -855,17 +656,17 @@ def speed_verdict(speedup: float | None, precision: str) -> str:
     return f"{precision} ran {speedup:.2f}x as fast as fp32 here: slower than fp32, not 2-3x faster."
 
 
-def _hardware_reason(dev, name: str) -> str:
-    r = hardware_report(dev)
-    if dev.type == "cuda":
+def _hardware_reason(r, name: str) -> str:
+    """Why ``name`` is fast or slow on the machine ``r`` (a :class:`~amp_lessons.hardware.Machine`)."""
+    if r.type == "cuda":
         cc = r.cuda_capability
         if cc < (7, 0):
             return f"this GPU (compute capability {cc[0]}.{cc[1]}) has no tensor cores"
         if name == "bf16" and not r.bf16_native:
             return "this GPU only emulates bf16 (pre-Ampere): use fp16 + GradScaler here"
         return f"this GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores for {name}"
-    if dev.type != "cpu":
-        return f"{dev.type}: the rates below were measured on it"
+    if r.type != "cpu":
+        return f"{r.type}: the rates below were measured on it"
     if name == "bf16":
         if r.amx_bf16:
             return "a CPU has no tensor cores; this one has AMX tile units for bf16 matmuls"
@@ -925,8 +726,7 @@ def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None =
     (the bench's rows, and ``step_rates``: label -> achieved GFLOP/s of an fp32 step).
     """
     name = parse_precision(precision)
-    dev = torch.device(result.device)
-    reasons = [_hardware_reason(dev, name)]
+    reasons = [_hardware_reason(result.machine or resolve_machine(result.device, measure=False), name)]
     mine, fp32 = result.peak(name), result.peak("fp32")
     ratio = None
     if mine and fp32 and name != "fp32":
@@ -1009,11 +809,9 @@ def train_side_by_side(make_model, data, precisions=None, steps: int = 200, devi
     their step times share the machine's drift. ``trainer_kwargs`` go to every
     :class:`~amp_lessons.training.Trainer` (lr, batch_size, optimizer, seed, ...).
     """
-    from .seeding import seed_everything
-    from .training import Trainer
-
-    dev = pick_device(device)
-    why_not = supported_precisions(dev)
+    machine = resolve_machine(device, measure=False)
+    dev = machine.device
+    why_not = machine.supported()
     names = [p for p in (precisions or PRECISIONS) if why_not[parse_precision(p)] is None]
     names = list(dict.fromkeys(parse_precision(p) for p in names))
     if "fp32" not in names:
@@ -1022,7 +820,7 @@ def train_side_by_side(make_model, data, precisions=None, steps: int = 200, devi
     trainers = {}
     for p in names:
         seed_everything(seed)
-        trainers[p] = Trainer(make_model(), data, precision=p, device=dev, progress=False, **trainer_kwargs)
+        trainers[p] = Trainer(make_model(), data, precision=p, device=machine, progress=False, **trainer_kwargs)
     bar = _progress_bar(steps * len(names), progress, desc="side by side")
     try:
         for _ in range(steps):

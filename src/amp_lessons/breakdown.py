@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .precision import float32_matmul_precision, parse_precision
+from .training import Trainer
 
 CATEGORIES = ("forward matmuls", "forward rest", "backward matmuls", "backward rest",
               "autocast casts", "optimizer", "bookkeeping", "data")
@@ -471,8 +472,6 @@ COMPILE = Change("  + fused + torch.compile", grad_stats=False, adamw="fused", c
 
 def trainer_has_grad_stats() -> bool:
     """Whether this Trainer takes ``grad_stats=`` (the switch for its exact per-step statistics)."""
-    from .training import Trainer
-
     return "grad_stats" in inspect.signature(Trainer).parameters
 
 
@@ -507,8 +506,6 @@ def why_not(change: Change, device) -> str | None:
 def make_trainer(model, data, precision: str, device, change: Change = CHANGES[0], lr: float = 1e-4,
                  batch_size: int = 64):
     """A :class:`~amp_lessons.training.Trainer` configured as ``change`` says."""
-    from .training import Trainer
-
     kwargs = {} if change.adamw == "default" else {change.adamw: True}
 
     def adamw(params):

@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from .models import mlp
+
 _STARTED = time.time()  # (after torch's import) for the ranks' start-up time
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -123,8 +125,6 @@ class Context:
 def lesson_model(device):
     """07's MLP (64 -> 64 -> 64 -> 10, ReLU) from ``amp_lessons.models``, the same weights
     on every rank and every call (built under its own seed)."""
-    from .models import mlp
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(MODEL["seed"])
         model = mlp(MODEL["d_in"], MODEL["hidden"], MODEL["classes"], depth=MODEL["depth"])

@@ -39,8 +39,12 @@ from pathlib import Path
 
 import torch
 
-from .precision import parse_precision
+from .claims import check
+from .data import digits
+from .hardware import pick_device
+from .precision import dtype_of, parse_precision
 from .progress import bar
+from .training import History, StepRecord
 
 DEFAULT_TIMEOUT = 180.0
 MARKER_ENV = "AMP_LESSONS_DIST_RUN"
@@ -318,8 +322,6 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
 
 @functools.lru_cache(maxsize=1)
 def _digits_train():
-    from .data import digits
-
     data = digits()
     return {"x": data.x_train, "y": data.y_train}
 
@@ -642,8 +644,6 @@ def skipped_steps(run: Run, name: str) -> dict:
 
 def loss_history(record: dict):
     """A job's loss curve as a :class:`amp_lessons.training.History`, for ``plots.loss_curves``."""
-    from .training import History, StepRecord
-
     nan = float("nan")
     return History(StepRecord(s["step"], s["loss"], s["scale"], s["skipped"], nan, nan, nan, nan, nan, nan)
                    for s in record["steps"])
@@ -678,8 +678,6 @@ def ring_sum(values, dtype=torch.bfloat16) -> torch.Tensor:
 def ring_errors(world_sizes=(2, 8, 64), n: int = 10_000, dtypes=("fp32", "fp16", "bf16"), seed: int = 0) -> dict:
     """``{(world_size, dtype): relative error}`` of :func:`ring_sum` against float64, for ``n``
     gradients of size ~1e-3 per rank. Simulated in this process (no ranks are started)."""
-    from .precision import dtype_of
-
     out = {}
     g = torch.Generator().manual_seed(seed)
     for w in world_sizes:
@@ -757,9 +755,6 @@ def largest_layer(shapes) -> int:
 def selfcheck(device=None) -> list:
     """Lesson 07's facts on ``device`` (``make gpu-check``): CUDA runs NCCL with one rank
     (world size 1), a CPU runs gloo with two. Returns the verdicts."""
-    from .claims import check
-    from .hardware import pick_device
-
     dev = pick_device(device)
     if dev.type == "mps":
         return [check("lesson 07 runs on mps", False, "torch.distributed has no mps backend; run on cpu")]

@@ -26,6 +26,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from .claims import Verdict, check
+from .hardware import hardware_report, pick_device
+from .scaling import optimizer_steps
+from .trace import trace_fn
 
 DEVICE = torch.device("cpu")  # every reproduction runs here: the same messages on every machine
 BCE_MESSAGE = "unsafe to autocast"
@@ -125,8 +128,6 @@ class SchedulerRun:
 def scheduler_run(loop, skip_at: int, steps: int = 4, lr: float = 0.01) -> SchedulerRun:
     """Run ``loop`` for ``steps`` batches with AdamW and ``StepLR(step_size=1, gamma=0.5)``,
     the batch ``skip_at`` holding an inf (so GradScaler skips that step)."""
-    from .scaling import optimizer_steps
-
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -410,8 +411,6 @@ def cuda_bce(loss: str = "bce", real: bool = False) -> str:
     ..."`` or the loss's dtype. ``real=True`` runs on this machine's GPU; otherwise CUDA
     autocast is replayed here by lesson 02's tracer (:func:`amp_lessons.trace.trace_fn` with
     ``simulate=True``: CUDA autocast's real dispatch on fake CUDA tensors, no GPU, no values)."""
-    from .trace import trace_fn
-
     fns = {"bce": _bce, "logits": _bce_with_logits}
     if loss not in fns:
         raise ValueError(f"loss must be 'bce' or 'logits'; got {loss!r}")
@@ -428,8 +427,6 @@ def cuda_bce_raises(device=None) -> Verdict:
     """The verdict on "CUDA autocast refuses binary_cross_entropy (unsafe to autocast)":
     on a CUDA device the real thing (and the replay, which must say the same); elsewhere the
     replay on fake CUDA tensors, and the verdict says so."""
-    from .hardware import pick_device
-
     dev = pick_device(device)
     replay = cuda_bce("bce")
     claim = "CUDA autocast refuses binary_cross_entropy ('unsafe to autocast') and runs BCEWithLogits"
@@ -471,8 +468,6 @@ def simulated_t4():
 def t4_bf16_answers() -> dict:
     """On a simulated T4: what ``is_bf16_supported()`` says with and without emulation, and
     what the course's hardware report makes of it."""
-    from .hardware import hardware_report
-
     with simulated_t4():
         report = hardware_report("cuda")
         return {
@@ -487,13 +482,9 @@ def t4_bf16_answers() -> dict:
 def t4_bf16_verdict(device=None) -> Verdict:
     """The verdict on "a T4 says bf16 is supported only by emulation": real on a pre-Ampere
     CUDA GPU, simulated elsewhere (and labelled so)."""
-    from .hardware import pick_device
-
     dev = pick_device(device)
     claim = "a pre-Ampere GPU reports bf16 only through emulation, and the course recommends fp16 there"
     if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 0):
-        from .hardware import hardware_report
-
         report = hardware_report(dev)
         holds = (torch.cuda.is_bf16_supported() and not report.bf16_native
                  and report.recommended == "fp16")
@@ -510,8 +501,6 @@ def t4_bf16_verdict(device=None) -> Verdict:
 
 def default_scaler_verdict(device=None) -> Verdict:
     """The verdict on "GradScaler() means 'cuda': enabled where CUDA is, off (with a warning) where not"."""
-    from .hardware import pick_device
-
     dev = pick_device(device)
     with without_cuda():
         caught, off = caught_warnings(torch.amp.GradScaler)

@@ -9,6 +9,20 @@ from dataclasses import dataclass, field
 import torch
 
 from .claims import measured
+from .clipping import backward_inside_autocast_matches, record_amp_calls
+from .clipping import lesson_model as clipping_lesson_model
+from .data import digits
+from .distributed import policy_label, policy_stages
+from .errors import tiny_batches, tiny_model, without_cuda
+from .formats import check_scale, format_info, scaled_census
+from .hardware import pick_device
+from .lint import LintError, check_loop
+from .master import eps_in
+from .models import mlp
+from .precision import dtype_of, parse_precision
+from .scaling import SCHEDULER_WARNING, lesson_data, optimizer_steps
+from .scaling import lesson_model as scaling_lesson_model
+from .trace import short
 
 
 @dataclass
@@ -34,8 +48,6 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     GradScaler's are: multiplying by one changes only the exponent, so it rounds nothing.
     """
     import math
-
-    from .formats import check_scale, scaled_census
 
     if scale is None or (isinstance(scale, str) and scale.strip() in ("", "?")):
         return Verdict(False, ["no answer yet: set the scale to a power of two, e.g. 2.0**4"])
@@ -83,8 +95,6 @@ def dtype_exercise(device=None, seed: int = 0):
     from torch import nn
     from torch.nn import functional as F
 
-    from .hardware import pick_device
-
     dev = pick_device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -114,8 +124,6 @@ def _rule_hint(op: str, record, device: str) -> str:
 
 def _parse_guess(op: str, guess):
     """``(dtype, None)`` for a valid prediction, ``(None, finding)`` otherwise."""
-    from .precision import dtype_of, parse_precision
-
     if guess is None or (isinstance(guess, str) and guess.strip() in ("", "?")):
         return None, f"{op}: no prediction yet ({_DTYPE_ANSWERS})"
     try:
@@ -138,8 +146,6 @@ def check_dtype_predictions(predictions: dict, trace, reveal: bool = False) -> V
     device. A wrong prediction gets the rule that decided the op (lesson 02's rules 1-3),
     not the answer; ``reveal=True`` adds the dtype each op ran in.
     """
-    from .trace import short
-
     if not predictions:
         return Verdict(False, ["no predictions: fill in the dict, one aten op per entry"])
     ran = sorted({r.op for r in trace.rows()})
@@ -192,11 +198,8 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
     """
     import warnings
 
-    from .hardware import pick_device
-    from .scaling import SCHEDULER_WARNING, lesson_data, lesson_model, optimizer_steps
-
     dev = pick_device(device)
-    model = lesson_model().to(dev)
+    model = scaling_lesson_model().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(dev.type)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
@@ -318,10 +321,7 @@ def _run_clipping_loop(train, steps, accum_steps, lr, batch_size):
     import copy
     import warnings
 
-    from .clipping import lesson_model, record_amp_calls
-    from .data import digits
-
-    model = lesson_model(hidden=32)
+    model = clipping_lesson_model(hidden=32)
     before = copy.deepcopy(model.state_dict())
     error = None
     with record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
@@ -433,10 +433,7 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
         findings.append("question: is calling backward inside the autocast block a bug? Answer "
                         "with backward_in_autocast_is_a_bug=True or False")
     else:
-        from .clipping import backward_inside_autocast_matches, lesson_model
-        from .data import digits
-
-        same = backward_inside_autocast_matches(lesson_model(hidden=32), *digits().batch(0, 32))
+        same = backward_inside_autocast_matches(clipping_lesson_model(hidden=32), *digits().batch(0, 32))
         evidence = (f"measured on this model, its gradients inside and outside are "
                     f"{'identical' if same else 'NOT identical'} bit for bit")
         if backward_in_autocast_is_a_bug:
@@ -469,8 +466,6 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
 
 def broken_setup(device_type: str = "cpu"):
     """05's exercise: the pieces of a float16 mixed-precision run. Two lines are wrong."""
-    from .models import mlp
-
     model = mlp(64, 64, 10).to(device_type).half()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(device_type, enabled=False)
@@ -492,10 +487,6 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     dtype is float16) and Adam's eps in the weights' dtype; then trains ``steps`` steps
     on the digits with the card's recipe and looks for inf/NaN weights. Used in 05.
     """
-    from .data import digits
-    from .hardware import pick_device
-    from .master import eps_in
-
     dev = pick_device(device)
     findings: list[str] = []
     passed = True
@@ -593,8 +584,6 @@ def check_row_scale(fn) -> Verdict:
     overflows, and each nonzero row's largest value landing in the top binade of the format."""
     import math
 
-    from .formats import format_info
-
     x, zero_row = _row_scale_cases()
     findings, passed = [], True
     for name in ("fp8_e4m3", "fp8_e5m2"):
@@ -665,11 +654,6 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     """
     import inspect
     import warnings
-
-    from .clipping import record_amp_calls
-    from .errors import tiny_batches, tiny_model, without_cuda
-    from .lint import LintError, check_loop
-    from .scaling import SCHEDULER_WARNING, optimizer_steps
 
     findings, passed = [], True
 
@@ -759,9 +743,6 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
     ``"bf16"``, ``"float32"``, ...) and ``"op"`` to ``"avg"`` or ``"sum"``; ``record`` is one
     rank's record of an ``fsdp_job`` (``run[name][0]``).
     """
-    from .distributed import policy_label, policy_stages
-    from .precision import parse_precision
-
     truth = policy_stages(record)
     names = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
     findings, passed = [], True

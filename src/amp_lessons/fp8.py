@@ -35,7 +35,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .formats import Census, census, format_info, parse_format
+from .claims import check, measured
+from .formats import Census, census, e4m3_overflow, format_info, parse_format
+from .hardware import fp8_support, hardware_report, pick_device
 
 FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
 GRANULARITIES = ("tensor", "row")
@@ -163,8 +165,6 @@ def census_table(groups: dict, granularity=None, names=FP8_FORMATS) -> str:
     """:func:`fp8_census` of each group of tensors (``{"grad_output": [t, ...]}``) in each fp8
     format: shares of the nonzero values flushed to zero, subnormal and overflowing. The
     shares come from a training run's float kernels, so they print as measured (``≈``)."""
-    from .claims import measured
-
     label = {None: "unscaled", "tensor": "scaled per tensor", "row": "scaled per row"}[granularity]
     short = {n: n.removeprefix("fp8_") for n in names}
     head = f"{label:<18}" + "".join(f"{short[n] + ' ' + k:>18}" for n in names
@@ -521,9 +521,6 @@ def selfcheck(device=None) -> list:
     dimensions that are not multiples of 16. On a CPU: ``_scaled_mm`` runs, is exact, and
     accepts what CUDA refuses (the stricter rules are CUDA's).
     """
-    from .claims import check
-    from .hardware import fp8_support, hardware_report, pick_device
-
     dev = pick_device(device)
     out = []
     a, b = ((torch.arange(16 * 32) % 9 - 4) / 4).reshape(16, 32), ((torch.arange(16 * 32) % 7 - 3) / 4).reshape(16, 32)
@@ -563,7 +560,5 @@ def selfcheck(device=None) -> list:
 
 def _e4m3_overflow_pair(device):
     """What the e4m3 cast stores for ``(1e6, inf)`` on the CPU and on ``device``."""
-    from .formats import e4m3_overflow
-
     cpu, here = e4m3_overflow("cpu"), e4m3_overflow(device)
     return (cpu.finite, cpu.inf), (here.finite, here.inf)

@@ -1,17 +1,22 @@
 """Hardware truth, in one place: which device, what it can do, which precision to use.
 
 Every hardware decision of the course lives here and nowhere else, so it can be unit
-tested by simulating each device class (tests/test_hardware.py). Used in 00_start_here,
-by ``python -m amp_lessons doctor`` and by every lesson that picks a device.
+tested by simulating each device class (tests/test_hardware.py). An entry point (a
+command, a lesson's setup, the bench) resolves its device once, with
+:func:`resolve_machine`, into a :class:`Machine`: the torch device, what it runs natively,
+its measured matmul rates (measured once, when first asked for) and the one
+recommendation, :func:`recommend`'s. Used in 00_start_here, by ``python -m amp_lessons
+doctor`` and by every lesson that picks a device.
 """
 
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .measure import matmul_gflops
 from .precision import PRECISIONS, parse_precision
 
 
@@ -37,6 +42,8 @@ def pick_device(requested=None) -> torch.device:
     Asking for a device that is not here raises :class:`DeviceUnavailableError`
     naming the devices that are (never a silent fall-back to something else).
     """
+    if isinstance(requested, Machine):
+        return requested.device
     have = available_devices()
     if requested is None or (isinstance(requested, str) and requested.strip().lower() == "auto"):
         return torch.device(have[0])
@@ -149,19 +156,30 @@ class HardwareReport:
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
-# On a CPU with native bf16 (AVX512-BF16 or AMX), bf16 is recommended when a measured bf16
-# matmul runs at least this much faster than float32's: a training step gains less than its
-# matmuls do (lesson 05), so a small matmul gain is not worth the coarser mantissa.
+# On a CPU, bf16 is recommended when a measured bf16 matmul runs at least this much faster
+# than float32's: a training step gains less than its matmuls do (lesson 05), so a small
+# matmul gain is not worth the coarser mantissa.
 CPU_BF16_MIN_SPEEDUP = 1.25
+
+
+def _cpu_class(avx512_bf16: bool, amx_bf16: bool) -> str:
+    if amx_bf16:
+        return "CPU with AMX-BF16 tile units"
+    if avx512_bf16:
+        return "CPU with AVX512-BF16 instructions but no AMX"
+    return "CPU without native bf16 instructions (no AVX512-BF16, no AMX)"
 
 
 def recommend(device_type: str, cuda_capability=None, bf16_native=False,
               avx512_bf16=False, amx_bf16=False, bf16_speedup=None) -> tuple[str, bool, str]:
-    """(precision, use_scaler, reason) for a device class. Pure: tests call it directly.
+    """(precision, use_scaler, reason) for a device class: the one rule every command and
+    lesson applies (through :attr:`Machine.recommendation`). Pure: tests and lesson 00's
+    table call it directly.
 
-    ``bf16_speedup``: a measured bf16 / fp32 matmul rate ratio on this device
-    (:func:`matmul_speedups`), or None. On CPUs with native bf16 it decides, and the
-    reason cites it; without it, the rule for the CPU class stands.
+    A GPU's answer follows its compute capability. A CPU's follows ``bf16_speedup``, a
+    measured bf16 / fp32 matmul rate ratio (:func:`matmul_speedups`): bf16 where it is at
+    least :data:`CPU_BF16_MIN_SPEEDUP`, whatever the CPU's instruction sets; without a
+    measurement, fp32, and the reason says it was not measured.
     """
     if device_type == "cuda":
         cc = "{}.{}".format(*cuda_capability) if cuda_capability else "unknown"
@@ -180,43 +198,30 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
         return ("fp32", False,
                 "Apple GPU: autocast works on MPS in recent torch, but the lessons' speed claims "
                 "are not measured there; run `python -m amp_lessons bench` before switching.")
-    measured = ("" if bf16_speedup is None else
-                f" Measured here: a bf16 matmul ran at {bf16_speedup:.2g}x float32's rate.")
-    if (amx_bf16 or avx512_bf16) and bf16_speedup is not None:
-        if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
-            return ("bf16", False,
-                    f"CPU with native bf16 ({'AMX tile units' if amx_bf16 else 'AVX512-BF16'}) whose "
-                    f"bf16 matmuls are faster than float32's.{measured} bf16 also halves the "
-                    "activation memory and needs no GradScaler; lesson 05 measures whole training "
-                    "steps, which gain less than their matmuls.")
+    what = _cpu_class(avx512_bf16, amx_bf16)
+    if bf16_speedup is None:
         return ("fp32", False,
-                f"CPU with native bf16 ({'AMX tile units' if amx_bf16 else 'AVX512-BF16'}), but its "
-                f"bf16 matmuls are not at least {CPU_BF16_MIN_SPEEDUP}x faster than float32's.{measured} "
-                "Choose bf16 when activation memory is the limit.")
-    if amx_bf16:
+                f"{what}, not measured: on a CPU the course recommends bf16 only where a bf16 matmul "
+                f"measures at least {CPU_BF16_MIN_SPEEDUP}x float32's rate (`python -m amp_lessons "
+                "doctor` measures it).")
+    measured = f" Measured here: a bf16 matmul ran at {bf16_speedup:.2g}x float32's rate."
+    if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
         return ("bf16", False,
-                "CPU with AMX-BF16 tile units: bf16 matmuls run much faster than fp32, and bf16 "
-                "needs no GradScaler.")
-    if avx512_bf16:
-        return ("fp32", False,
-                "CPU with AVX512-BF16 but no AMX: bf16 autocast halves the activation memory "
-                "saved for backward, but is not expected to be reliably faster than fp32 (no "
-                "16-bit matrix units; the gain depends on the model and on torch's bf16 kernels "
-                "for this CPU: lesson 05 and `python -m amp_lessons bench` measure it here). "
-                "Choose bf16 when memory is the limit or the bench shows a gain.")
+                f"{what}, whose bf16 matmuls are faster than float32's.{measured} bf16 also halves "
+                "the activation memory and needs no GradScaler; lesson 05 measures whole training "
+                "steps, which gain less than their matmuls.")
     return ("fp32", False,
-            "CPU without native bf16 instructions (no AVX512-BF16, no AMX): 16-bit math is "
-            f"emulated and slower than fp32; autocast would only save activation memory.{measured}")
+            f"{what}: its bf16 matmuls are not at least {CPU_BF16_MIN_SPEEDUP}x faster than "
+            f"float32's.{measured} Choose bf16 when activation memory is the limit (autocast "
+            "halves what is saved for backward).")
 
 
 def matmul_speedups(device=None, n: int = 256, repeats: int = 3) -> dict[str, float]:
     """Each 16-bit precision's matmul rate over float32's on ``device``: ``{"bf16": r, "fp16": r}``.
 
-    A quick n x n microbenchmark (well under a second where 16-bit is native). Used by
-    lesson 00 and ``doctor`` to ground the recommendation in a measurement.
+    A quick n x n microbenchmark (well under a second where 16-bit is native). A
+    :class:`Machine` runs it once, when its recommendation or rates are first asked for.
     """
-    from .matmul import matmul_gflops
-
     dev = pick_device(device)
     fp32 = matmul_gflops(n, "fp32", dev, warmup=1, repeats=repeats)
     return {p: matmul_gflops(n, p, dev, warmup=1, repeats=repeats) / fp32 for p in ("bf16", "fp16")}
@@ -231,50 +236,7 @@ def _mps_bf16_native() -> bool:
         return False
 
 
-def hardware_report(device=None, measure=False) -> HardwareReport:
-    """Query torch about ``device`` (auto by default) and recommend a precision.
-
-    ``measure=True`` on a CPU also times a small matmul per precision (:func:`matmul_speedups`),
-    and the recommendation then follows the measured bf16 speed (lesson 00, ``doctor``);
-    ``measure`` may also be the dict :func:`matmul_speedups` returned. A GPU's
-    recommendation follows its compute capability.
-    """
-    dev = pick_device(device)
-    cpu = cpu_features()
-    cc = None
-    bf16_native = bf16_emulated = False
-    fp16 = True
-    tf32_hw = False
-    name = cpu["name"]
-    if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        cc = tuple(torch.cuda.get_device_capability(index))
-        name = torch.cuda.get_device_name(index)
-        bf16_native = _bf16_native_cuda()
-        bf16_emulated = (not bf16_native) and torch.cuda.is_bf16_supported()
-        tf32_hw = cc >= (8, 0)
-    elif dev.type == "cpu":
-        bf16_native = cpu["avx512_bf16"] or cpu["amx_bf16"]
-        bf16_emulated = not bf16_native
-    elif dev.type == "mps":
-        name = "Apple GPU (MPS)"
-        bf16_native = _mps_bf16_native()
-        bf16_emulated = False
-    speedup = None
-    if measure is not False and measure is not None and dev.type == "cpu":
-        speedup = (measure if isinstance(measure, dict) else matmul_speedups(dev))["bf16"]
-    precision, scaler, reason = recommend(dev.type, cc, bf16_native, cpu["avx512_bf16"], cpu["amx_bf16"],
-                                          bf16_speedup=speedup)
-    return HardwareReport(
-        device=str(dev), name=name, torch_version=torch.__version__, cuda_capability=cc,
-        bf16_native=bf16_native, bf16_emulated=bf16_emulated, fp16=fp16, tf32_hardware=tf32_hw,
-        float32_matmul_precision=torch.get_float32_matmul_precision(),
-        cpu_name=cpu["name"], cpu_isa=cpu["isa"], avx512_bf16=cpu["avx512_bf16"],
-        amx_bf16=cpu["amx_bf16"], recommended=precision, use_scaler=scaler, reason=reason,
-    )
-
-
-def _bf16_native_cuda() -> bool:
+def _bf16_native_cuda(device=None) -> bool:
     """``is_bf16_supported(including_emulation=False)``: a T4 says True without it."""
     try:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
@@ -282,24 +244,126 @@ def _bf16_native_cuda() -> bool:
         return bool(torch.cuda.is_bf16_supported())
 
 
-def supported_precisions(device=None) -> dict[str, str | None]:
-    """For each precision, ``None`` if this device can run it, else the reason it cannot.
+@dataclass(frozen=True)
+class Machine:
+    """One device, resolved once at an entry point (a command, a lesson's setup, the bench)
+    and passed down: what it is, what it runs natively, its measured matmul rates (measured
+    once, when first asked for) and the recommendation drawn from them.
 
-    Used by ``bench`` (05) and the widgets, which offer only what runs here.
+    Build it with :func:`resolve_machine`; every function that takes ``device=`` accepts
+    one and asks it instead of torch.
     """
+
+    device: torch.device
+    name: str
+    cuda_capability: tuple[int, int] | None
+    bf16_native: bool
+    bf16_emulated: bool
+    fp16: bool
+    tf32_hardware: bool
+    cpu_name: str
+    cpu_isa: str
+    avx512_bf16: bool
+    amx_bf16: bool
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def type(self) -> str:
+        return self.device.type
+
+    @property
+    def speedups(self) -> dict[str, float] | None:
+        """bf16's and fp16's matmul rate over float32's here (:func:`matmul_speedups`), measured
+        on first use and kept; ``None`` when built with ``measure=False``."""
+        if "speedups" not in self._cache:
+            self._cache["speedups"] = matmul_speedups(self.device)
+        return self._cache["speedups"]
+
+    @property
+    def recommendation(self) -> tuple[str, bool, str]:
+        """(precision, use_scaler, reason): :func:`recommend` on this machine's facts and, on a
+        CPU, its measured bf16 matmul rate. Every command and lesson prints this one."""
+        if "recommendation" not in self._cache:
+            speedup = self.speedups["bf16"] if self.type == "cpu" and self.speedups else None
+            self._cache["recommendation"] = recommend(self.type, self.cuda_capability, self.bf16_native,
+                                                      self.avx512_bf16, self.amx_bf16, bf16_speedup=speedup)
+        return self._cache["recommendation"]
+
+    def supported(self) -> dict[str, str | None]:
+        """For each precision, ``None`` if this device runs it, else the reason it cannot."""
+        out: dict[str, str | None] = dict.fromkeys(PRECISIONS)
+        if self.type == "cuda":
+            cc = self.cuda_capability
+            if not self.tf32_hardware:
+                out["tf32"] = f"TF32 needs an Ampere-or-newer GPU; this one is compute capability {cc[0]}.{cc[1]}"
+            if not self.bf16_native:
+                out["bf16"] = "bf16 is only emulated on this GPU (pre-Ampere); use fp16 + GradScaler"
+        elif self.type == "cpu":
+            out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on a CPU"
+        elif self.type == "mps":
+            out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on Apple GPUs"
+        return out
+
+    def report(self) -> HardwareReport:
+        """What lesson 00 and ``doctor`` print, the recommendation included."""
+        precision, scaler, reason = self.recommendation
+        return HardwareReport(
+            device=str(self.device), name=self.name, torch_version=torch.__version__,
+            cuda_capability=self.cuda_capability, bf16_native=self.bf16_native,
+            bf16_emulated=self.bf16_emulated, fp16=self.fp16, tf32_hardware=self.tf32_hardware,
+            float32_matmul_precision=torch.get_float32_matmul_precision(), cpu_name=self.cpu_name,
+            cpu_isa=self.cpu_isa, avx512_bf16=self.avx512_bf16, amx_bf16=self.amx_bf16,
+            recommended=precision, use_scaler=scaler, reason=reason)
+
+
+def resolve_machine(device=None, speedups=None, measure: bool = True) -> Machine:
+    """The :class:`Machine` for ``device`` (auto by default), from torch's own queries.
+
+    A :class:`Machine` is returned as it is (nothing is asked again). ``speedups``: a
+    measurement already made (the dict :func:`matmul_speedups` returns), kept instead of
+    measuring; ``measure=False``: never measure (the CPU recommendation then says so).
+    """
+    if isinstance(device, Machine):
+        return device
     dev = pick_device(device)
-    out: dict[str, str | None] = dict.fromkeys(PRECISIONS)
+    cpu = cpu_features()
+    facts = dict(name=cpu["name"], cuda_capability=None, bf16_native=False, bf16_emulated=False,
+                 fp16=True, tf32_hardware=False)
     if dev.type == "cuda":
-        cc = tuple(torch.cuda.get_device_capability(dev))
-        if cc < (8, 0):
-            out["tf32"] = f"TF32 needs an Ampere-or-newer GPU; this one is compute capability {cc[0]}.{cc[1]}"
-        if not _bf16_native_cuda():
-            out["bf16"] = "bf16 is only emulated on this GPU (pre-Ampere); use fp16 + GradScaler"
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        cc = tuple(torch.cuda.get_device_capability(index))
+        native = _bf16_native_cuda()
+        facts.update(name=torch.cuda.get_device_name(index), cuda_capability=cc, bf16_native=native,
+                     bf16_emulated=(not native) and torch.cuda.is_bf16_supported(), tf32_hardware=cc >= (8, 0))
     elif dev.type == "cpu":
-        out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on a CPU"
+        native = cpu["avx512_bf16"] or cpu["amx_bf16"]
+        facts.update(bf16_native=native, bf16_emulated=not native)
     elif dev.type == "mps":
-        out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on Apple GPUs"
-    return out
+        facts.update(name="Apple GPU (MPS)", bf16_native=_mps_bf16_native())
+    machine = Machine(device=dev, cpu_name=cpu["name"], cpu_isa=cpu["isa"], avx512_bf16=cpu["avx512_bf16"],
+                      amx_bf16=cpu["amx_bf16"], **facts)
+    if speedups is not None or not measure:
+        machine._cache["speedups"] = None if speedups is None else dict(speedups)
+    return machine
+
+
+def hardware_report(device=None, measure=True) -> HardwareReport:
+    """:meth:`Machine.report` for ``device`` (auto by default): the facts and the recommendation.
+
+    On a CPU the recommendation follows a measured bf16 matmul (:func:`matmul_speedups`,
+    run once); ``measure`` may be that measurement (a dict) already made, or ``False`` to
+    skip it. Used by every lesson's setup and ``doctor``.
+    """
+    if isinstance(measure, dict):
+        return resolve_machine(device, speedups=measure).report()
+    return resolve_machine(device, measure=bool(measure)).report()
+
+
+def supported_precisions(device=None) -> dict[str, str | None]:
+    """For each precision, ``None`` if ``device`` can run it, else the reason it cannot
+    (:meth:`Machine.supported`). Used by ``bench`` (05) and the widgets, which offer only
+    what runs here."""
+    return resolve_machine(device, measure=False).supported()
 
 
 def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
@@ -346,44 +410,10 @@ def check_autocast(device_type: str, dtype) -> None:
 def resolve(precision, device=None) -> tuple[str, torch.device]:
     """Parse a precision and pick a device together, refusing combinations that cannot run."""
     name = parse_precision(precision)
-    dev = pick_device(device)
-    why = supported_precisions(dev)[name]
+    machine = resolve_machine(device, measure=False)
+    why = machine.supported()[name]
     if why is not None and name == "tf32":
-        raise ValueError(f"precision 'tf32' cannot run on {dev}: {why}. Use 'fp32' here.")
+        raise ValueError(f"precision 'tf32' cannot run on {machine.device}: {why}. Use 'fp32' here.")
     if why is not None:
-        raise ValueError(f"precision {name!r} cannot run on {dev}: {why}")
-    return name, dev
-
-
-def selfcheck(device=None) -> list:
-    """The hardware facts lessons 00 and 05 state, checked on ``device`` (``make gpu-check``).
-
-    On a CUDA GPU: native bf16 exactly from compute capability 8.0 on (a T4, 7.5, reports bf16
-    only through emulation), and the recommendation that follows. On a CPU: both 16-bit
-    autocast dtypes run, and TF32 is reported as absent.
-    """
-    from .claims import check
-
-    dev = pick_device(device)
-    report = hardware_report(dev)
-    out = []
-    if dev.type == "cuda":
-        cc = report.cuda_capability
-        out.append(check("this GPU's native bf16 (is_bf16_supported(including_emulation=False)) "
-                         "matches compute capability >= 8.0", report.bf16_native == (cc >= (8, 0)),
-                         f"cc {cc[0]}.{cc[1]}, native {report.bf16_native}, emulated {report.bf16_emulated}"))
-        expected = "bf16" if cc >= (8, 0) else "fp16" if cc >= (7, 0) else "fp32"
-        out.append(check(f"the recommended precision here is {expected}",
-                         report.recommended == expected, f"recommended {report.recommended}"))
-        out.append(check("TF32 is reported where compute capability >= 8.0",
-                         report.tf32_hardware == (cc >= (8, 0)), f"tf32 {report.tf32_hardware}"))
-    elif dev.type == "cpu":
-        ran = []
-        for dtype in (torch.bfloat16, torch.float16):
-            with torch.autocast("cpu", dtype=dtype):
-                ran.append((torch.ones(4, 4) @ torch.ones(4, 4)).dtype == dtype)
-        out.append(check("bf16 and fp16 autocast both run matmuls in 16 bits on this CPU", all(ran),
-                         f"bf16 {ran[0]}, fp16 {ran[1]}"))
-        out.append(check("TF32 is reported as absent on a CPU",
-                         supported_precisions(dev)["tf32"] is not None and not report.tf32_hardware))
-    return out
+        raise ValueError(f"precision {name!r} cannot run on {machine.device}: {why}")
+    return name, machine.device

@@ -1,14 +1,16 @@
-"""Matrix multiplication per precision: how fast it runs here, and what TF32 does to it.
+"""What ``torch.set_float32_matmul_precision`` does to a float32 matmul here.
 
-- :func:`matmul_gflops` measures achieved GFLOP/s of an n x n matmul in fp32, tf32, bf16
-  or fp16: the number that decides whether mixed precision is faster on a device (on a
-  GPU's tensor cores 16-bit is many times faster; on a CPU without AMX it need not be).
-- :func:`tf32_error` shows what ``torch.set_float32_matmul_precision("high")`` changes:
-  the inputs of float32 matmuls are rounded to TF32's 10 mantissa bits. The rounding is
-  emulated, so the error shows on any device; on an NVIDIA GPU with TF32 tensor cores the
-  real TF32 result is measured too.
+- :func:`tf32_error` shows what ``"high"`` changes: the inputs of float32 matmuls are
+  rounded to TF32's 10 mantissa bits. The rounding is emulated, so the error shows on any
+  device; on an NVIDIA GPU with TF32 tensor cores the real TF32 result is measured too.
+  It measures ``"medium"`` as well, and :attr:`TF32Error.medium_level` names the matmul
+  whose error it got: on CUDA "medium" means TF32, as "high" does; on a CPU oneDNN may run
+  float32 matmuls in bfloat16 (:func:`medium_levels`).
+- :func:`tf32_input_bits` and :func:`tf32_speedup`: what a GPU's TF32 does with the bits
+  it drops, and how much faster it is.
 
-Used in 05_putting_it_together and by ``python -m amp_lessons bench``.
+The matmul rates themselves are :func:`amp_lessons.measure.matmul_gflops`. Used in
+05_putting_it_together and by ``make gpu-check``.
 """
 
 from __future__ import annotations
@@ -20,34 +22,12 @@ import torch
 
 from .claims import measured
 from .formats import round_to_format
-from .measure import time_step
-from .precision import dtype_of, float32_matmul_precision, parse_precision
+from .hardware import resolve_machine
+from .measure import matmul_gflops
+from .precision import float32_matmul_precision
 
-
-def matmul_flops(n: int, m: int | None = None, k: int | None = None) -> int:
-    """Floating-point operations of an (n x k) @ (k x m) matmul: one multiply + one add each."""
-    m = n if m is None else m
-    k = n if k is None else k
-    return 2 * n * m * k
-
-
-def matmul_gflops(n: int, precision="fp32", device="cpu", warmup: int = 2, repeats: int = 5) -> float:
-    """Achieved GFLOP/s of an n x n matmul in ``precision`` on ``device``: the fastest of ``repeats``.
-
-    A microbenchmark asks what rate the kernel *can* reach, so it keeps the best run:
-    anything else running on the machine only ever adds time. (Training steps, which
-    include more than one kernel, are read as medians instead.) tf32 is float32 tensors
-    under ``set_float32_matmul_precision("high")``; check ``hardware.supported_precisions``
-    first: on a CPU tf32 runs as plain fp32.
-    """
-    name = parse_precision(precision)
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, generator=g).to(dtype_of(name))
-    b = torch.randn(n, n, device=device, generator=g).to(dtype_of(name))
-    with float32_matmul_precision(name):
-        timing = time_step(lambda: a @ b, device, warmup=warmup, repeats=repeats)
-    return matmul_flops(n) / (timing.min_ms * 1e-3) / 1e9
+# A measured error within this factor of a reference matmul's counts as that matmul's.
+LEVEL_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -60,16 +40,21 @@ class TF32Error:
     bf16: float          # bfloat16 inputs, for scale
     high_changes_result: bool  # did "high" change this device's float32 matmul at all?
     tf32_measured: float | None  # the device's real TF32 result (NVIDIA Ampere+), else None
-    medium: float = math.nan     # this device's float32 matmul under "medium" (bf16 allowed)
+    medium: float = math.nan     # this device's float32 matmul under "medium"
     highest: float = math.nan    # this device's float32 matmul under "highest"
 
     @property
     def medium_level(self) -> str:
-        """Where "medium" landed: ``"float32"`` (within 10x of "highest"'s error), ``"bf16"``
-        (within 10x of a bf16 matmul's, as on an AMX CPU or an Ampere+ GPU), or ``"between"``."""
-        if self.medium <= 10 * self.highest:
+        """Whose error "medium" gave: ``"float32"`` ("highest"'s), ``"tf32"`` (the TF32 matmul's:
+        measured on a GPU with TF32, else emulated) or ``"bf16"`` (a bf16 matmul's), the
+        nearest of the three (on a log scale) when within :data:`LEVEL_FACTOR` of it;
+        ``"between"`` otherwise (another algorithm, e.g. a split into several bf16 parts)."""
+        tf32 = self.tf32_measured if self.tf32_measured is not None else self.tf32_emulated
+        refs = {"float32": self.highest, "tf32": tf32, "bf16": self.bf16}
+        if self.medium <= refs["float32"] * LEVEL_FACTOR:
             return "float32"
-        return "bf16" if self.bf16 / 10 <= self.medium <= 10 * self.bf16 else "between"
+        name, ref = min(refs.items(), key=lambda kv: abs(math.log(self.medium / kv[1])))
+        return name if abs(math.log(self.medium / ref)) <= math.log(LEVEL_FACTOR) else "between"
 
     def table(self) -> str:
         rows = [
@@ -96,10 +81,9 @@ def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
     The TF32 row rounds the inputs as TF32 tensor cores do and multiplies them in float32,
     so it is the same on every machine. ``high_changes_result`` compares this device's
     float32 matmul under "high" and "highest": False on a CPU, where "high" changes nothing.
+    ``device``: a name, a torch device or a :class:`~amp_lessons.hardware.Machine`.
     """
-    from .hardware import supported_precisions
-
-    device = torch.device(device)
+    machine = resolve_machine(device, measure=False)
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(n, n, generator=g)
     b = torch.randn(n, n, generator=g)
@@ -107,7 +91,7 @@ def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
     with float32_matmul_precision("fp32"):
         fp32 = a @ b
         emulated = round_to_format(a, "tf32") @ round_to_format(b, "tf32")
-        a_dev, b_dev = a.to(device), b.to(device)
+        a_dev, b_dev = a.to(machine.device), b.to(machine.device)
         highest = (a_dev @ b_dev).cpu()
     with float32_matmul_precision("tf32"):
         high = (a_dev @ b_dev).cpu()
@@ -118,14 +102,30 @@ def tf32_error(n: int = 256, device="cpu", seed: int = 0) -> TF32Error:
     finally:
         torch.set_float32_matmul_precision(before)
     bf16 = (a.bfloat16().float() @ b.bfloat16().float())
-    measured = None
-    if supported_precisions(device)["tf32"] is None:
-        measured = _rel_error(high, ref)
     return TF32Error(
         n=n, fp32=_rel_error(fp32, ref), tf32_emulated=_rel_error(emulated, ref),
         bf16=_rel_error(bf16, ref), high_changes_result=not torch.equal(high, highest),
-        tf32_measured=measured, medium=_rel_error(medium, ref), highest=_rel_error(highest, ref),
+        tf32_measured=_rel_error(high, ref) if machine.tf32_hardware else None,
+        medium=_rel_error(medium, ref), highest=_rel_error(highest, ref),
     )
+
+
+def medium_levels(device=None) -> tuple[str, ...]:
+    """The :attr:`TF32Error.medium_level` values torch's source allows for "medium" on
+    ``device`` (a name, a torch device or a :class:`~amp_lessons.hardware.Machine`).
+
+    ``set_float32_matmul_precision("medium")`` sets cuBLAS's float32 matmuls to TF32 (CUDA
+    has no bf16 mode for them) and oneDNN's to bf16 (aten/src/ATen/Context.cpp,
+    ``Context::setFloat32MatmulPrecision``). So: TF32 on an NVIDIA GPU that has it, float32
+    on one that does not; on a CPU, bf16 where oneDNN runs the matmul in bf16, else float32.
+    MPS follows none of these flags that torch documents: any of the three.
+    """
+    machine = resolve_machine(device, measure=False)
+    if machine.type == "cuda":
+        return ("tf32",) if machine.tf32_hardware else ("float32",)
+    if machine.type == "cpu":
+        return ("float32", "bf16")
+    return ("float32", "tf32", "bf16")
 
 
 def tf32_input_bits(device="cuda") -> str | None:
@@ -137,46 +137,20 @@ def tf32_input_bits(device="cuda") -> str | None:
     one input as the tensor core read it, 1 (truncated) or 1 + 2^-10 (rounded). Used by
     ``make gpu-check`` (lesson 01 says the GPU decides).
     """
-    from .hardware import supported_precisions
-
-    device = torch.device(device)
-    if supported_precisions(device)["tf32"] is not None:
+    machine = resolve_machine(device, measure=False)
+    if not machine.tf32_hardware:
         return None
-    a = torch.full((64, 64), 1 + 2.0**-11 + 2.0**-12, device=device)
-    eye = torch.eye(64, device=device)
+    a = torch.full((64, 64), 1 + 2.0**-11 + 2.0**-12, device=machine.device)
+    eye = torch.eye(64, device=machine.device)
     with float32_matmul_precision("tf32"):
         read = (a @ eye).unique().tolist()
     return {1.0: "truncates", 1 + 2.0**-10: "rounds"}.get(read[0], "keeps float32") if len(read) == 1 else "mixed"
 
 
-def selfcheck(device=None) -> list:
-    """The matmul-precision statements of lessons 01 and 05, checked on ``device`` (``make gpu-check``)."""
-    from .claims import check
-    from .hardware import pick_device, supported_precisions
-
-    dev = pick_device(device)
-    err = tf32_error(256, dev)
-    out = [check("float32's error < TF32's (emulated) < bf16's on a 256 x 256 matmul",
-                 err.fp32 < err.tf32_emulated < err.bf16,
-                 f"{measured(err.fp32, '.1e')}, {measured(err.tf32_emulated, '.1e')}, {measured(err.bf16, '.1e')}"),
-           check("set_float32_matmul_precision('medium') gives float32's error or bf16's, nothing between",
-                 err.medium_level in ("float32", "bf16"), f"here: {err.medium_level}")]
-    if supported_precisions(dev)["tf32"] is None:
-        how = tf32_input_bits(dev)
-        out.append(check("'high' changes a float32 matmul on this GPU (TF32 tensor cores)", err.high_changes_result))
-        out.append(check("TF32 keeps 10 mantissa bits of each input here", how in ("truncates", "rounds"),
-                         f"it {how}"))
-    else:
-        out.append(check(f"'high' changes nothing on {dev.type}, which has no TF32", not err.high_changes_result))
-    return out
-
-
 def tf32_speedup(n: int = 4096, device="cuda", repeats: int = 10) -> float | None:
     """fp32 matmul time / tf32 matmul time on an NVIDIA GPU with TF32; ``None`` where TF32 does not exist."""
-    from .hardware import supported_precisions
-
-    device = torch.device(device)
-    if supported_precisions(device)["tf32"] is not None:
+    machine = resolve_machine(device, measure=False)
+    if not machine.tf32_hardware:
         return None
-    return (matmul_gflops(n, "tf32", device, repeats=repeats)
-            / matmul_gflops(n, "fp32", device, repeats=repeats))
+    return (matmul_gflops(n, "tf32", machine.device, repeats=repeats)
+            / matmul_gflops(n, "fp32", machine.device, repeats=repeats))

@@ -9,6 +9,8 @@
 - :func:`step_flops` counts the matmul work of one training step, for achieved FLOP/s.
 - :func:`time_step` times a step right: warm-up calls, ``torch.cuda.synchronize()`` on
   CUDA, the median of several runs; :func:`time_interleaved` times several side by side.
+- :func:`matmul_gflops`: the achieved GFLOP/s of an n x n matmul in one precision (the
+  best of its repeats), the figure that decides whether 16-bit is faster on a device.
 - :func:`training_memory` and :func:`doubled_batch`: everything a training step holds
   (weights, gradients, optimizer state, 16-bit weight copies, activations), and what a
   batch twice as large costs in each precision.
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from .precision import dtype_of, float32_matmul_precision, parse_precision, uses_autocast
 
@@ -201,10 +204,6 @@ def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None,
     meta device: nothing is computed and the model is not touched. Elementwise ops are
     not counted: the figure is the work tensor cores or AMX could speed up.
     """
-    import copy
-
-    from torch.utils.flop_counter import FlopCounterMode
-
     # a meta copy without copying the data: each parameter and buffer maps to an empty twin
     memo = {id(t): (nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
                     if isinstance(t, nn.Parameter) else torch.empty_like(t, device="meta"))
@@ -336,6 +335,37 @@ def time_interleaved(steps: dict[str, Callable[[], object]], device="cpu", warmu
         if on_round is not None:
             on_round()
     return {name: Timing(tuple(t)) for name, t in times.items()}
+
+
+# -- matmul throughput ----------------------------------------------------------------------
+
+
+def matmul_flops(n: int, m: int | None = None, k: int | None = None) -> int:
+    """Floating-point operations of an (n x k) @ (k x m) matmul: one multiply + one add each."""
+    m = n if m is None else m
+    k = n if k is None else k
+    return 2 * n * m * k
+
+
+def matmul_gflops(n: int, precision="fp32", device="cpu", warmup: int = 2, repeats: int = 5) -> float:
+    """Achieved GFLOP/s of an n x n matmul in ``precision`` on ``device``: the fastest of ``repeats``.
+
+    A microbenchmark asks what rate the kernel *can* reach, so it keeps the best run:
+    anything else running on the machine only ever adds time. (Training steps, which
+    include more than one kernel, are read as medians instead.) tf32 is float32 tensors
+    under ``set_float32_matmul_precision("high")``; check ``hardware.supported_precisions``
+    first: on a CPU tf32 runs as plain fp32. Used by ``bench``, lesson 00's measured
+    recommendation (``hardware.matmul_speedups``) and 05.
+    """
+    name = parse_precision(precision)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=g).to(dtype_of(name))
+    b = torch.randn(n, n, device=device, generator=g).to(dtype_of(name))
+    with float32_matmul_precision(name):
+        timing = time_step(lambda: a @ b, device, warmup=warmup, repeats=repeats)
+    return matmul_flops(n) / (timing.min_ms * 1e-3) / 1e9
+
 
 
 def available_memory(device) -> int | None:

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt  # noqa: F401  (used by the sections below)
 
+from .claims import measured
+from .clipping import measured_thresholds
+from .formats import FORMATS, check_scale, format_info, scaled_census
+from .measure import MB, training_memory
+from .scaling import scale_changes
+from .trace import short
+
 # --- 01_number_formats ---------------------------------------------------------------
 
 _BAND = {"normal": "#4c78a8", "subnormal": "#9ecae9"}
@@ -21,8 +28,6 @@ def format_ranges(names=None, values=None):
     import math
 
     import torch
-
-    from .formats import FORMATS, format_info
 
     fmts = [format_info(n) for n in (names or FORMATS)]
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.42 * len(fmts)))
@@ -72,8 +77,6 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
     import numpy as np
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, NullLocator
-
-    from .formats import check_scale, format_info, scaled_census
 
     scale = check_scale(scale)
     unscaled = values.detach().cpu().abs().flatten().double()
@@ -150,8 +153,6 @@ def op_dtypes(traces: dict, columns: int = 5):
     import textwrap
 
     from matplotlib.patches import Patch, Rectangle
-
-    from .trace import short
 
     colors = {"low": "#4c78a8", "to_fp32": "#f58518", "already": "#f3dfb8", "cast": "#bab0ac",
               "other": "#ffffff"}
@@ -250,8 +251,6 @@ def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=
 
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    from .scaling import scale_changes
-
     steps, scales = history["step"], history["scale"]
     end = final_scale if final_scale is not None else scales[-1]
     own = ax is None
@@ -306,9 +305,6 @@ def clipping_runs(runs: dict, max_norm: float):
     """
     import statistics
 
-    from .claims import measured
-    from .clipping import measured_thresholds
-
     fig, axes = plt.subplots(3, 1, figsize=(9, 8.6), layout="constrained")
     colors = ["#4c78a8", "#54a24b", "#e45756", "#b279a2", "#f58518"]
     for i, ((label, h), color) in enumerate(zip(runs.items(), colors)):
@@ -354,8 +350,6 @@ def _step_memory(result) -> dict:
     """Per precision of a :class:`~amp_lessons.bench.SideBySide`, what one training step
     holds (:func:`amp_lessons.measure.training_memory`), on the trainer's own first batch,
     loss and optimizer."""
-    from .measure import training_memory
-
     out = {}
     for p, run in result.runs.items():
         t = run.trainer
@@ -388,9 +382,6 @@ def side_by_side(result, memory: dict | None = None):
     the activations' ratio to fp32 and the whole step's (exact byte counts), then the
     speed and accuracy (float-kernel figures, marked ``≈``).
     """
-    from .claims import measured
-    from .measure import MB
-
     runs = result.runs
     names = list(runs)
     colors = [_PRECISION_COLORS.get(p, "grey") for p in names]
@@ -445,8 +436,6 @@ def matmul_rates(result):
     decides whether mixed precision can be faster on this device (timings: marked ``≈``).
     """
     import numpy as np
-
-    from .claims import measured
 
     rows = [m for m in result.matmul if m.gflops]
     sizes = sorted({m.n for m in rows})

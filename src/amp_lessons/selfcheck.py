@@ -15,16 +15,22 @@ reason, where those packages are missing (a bare GPU box). Used by ``make gpu-ch
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import os
 import re
 import sys
 import time
+import tomllib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import claims
+import matplotlib
+
+from . import benchcli, claims
+from .devicechecks import device_checks
+from .hardware import resolve_machine
 
 FRONTEND_MODULES = ("ipywidgets", "IPython", "ipykernel")
 CELL = re.compile(r"^# %%(.*)$", re.M)
@@ -35,13 +41,39 @@ def default_notebooks() -> Path:
     return Path(__file__).resolve().parents[2] / "notebooks"
 
 
+def repository_url() -> str:
+    """The course's repository, as pyproject.toml's ``[project.urls] Repository`` declares it
+    (read from the installed package's metadata, else from the source tree's pyproject.toml)."""
+    try:
+        for entry in importlib.metadata.metadata("amp-lessons").get_all("Project-URL") or []:
+            label, _, url = entry.partition(",")
+            if label.strip() == "Repository":
+                return url.strip()
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        return tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["urls"]["Repository"]
+    raise ValueError("amp-lessons is neither installed nor run from its source tree: no repository is known")
+
+
+def _no_lessons(folder: Path, given: bool) -> ValueError:
+    fetch = (f"A pip or wheel install ships no lessons: clone the course (git clone {repository_url()}) "
+             "and run `python -m amp_lessons selfcheck` inside the clone, or pass --notebooks "
+             "CLONE/notebooks.")
+    if given:
+        return ValueError(f"no lessons (NN_topic.py) in {folder}. {fetch}")
+    return ValueError(f"this amp-lessons was installed without its lessons. {fetch}")
+
+
 def lesson_paths(folder=None, only=None) -> list[Path]:
-    """The lessons' jupytext pairs, in order; ``only`` keeps those whose name contains one of its strings."""
-    folder = Path(folder) if folder is not None else default_notebooks()
+    """The lessons' jupytext pairs, in order (absolute paths); ``only`` keeps those whose name
+    contains one of its strings."""
+    given = folder is not None
+    folder = (Path(folder) if given else default_notebooks()).resolve()
     paths = sorted(folder.glob("[0-9][0-9]_*.py"))
     if not paths:
-        raise ValueError(f"no lessons (NN_topic.py) in {folder}; pass --notebooks DIR "
-                                "(the notebooks/ folder of a clone of the course)")
+        raise _no_lessons(folder, given)
     if only:
         paths = [p for p in paths if any(o in p.stem for o in only)]
         if not paths:
@@ -92,7 +124,9 @@ def _frontend_missing(err: BaseException) -> str | None:
 
 
 def run_lesson(path: Path, echo: bool = False) -> LessonRun:
-    """Run ``path``'s code cells in order in a fresh namespace; stop at the first failing cell."""
+    """Run ``path``'s code cells in order in a fresh namespace, in its own folder (a relative
+    ``path`` is read from the current one); stop at the first failing cell."""
+    path = Path(path).resolve()
     run = LessonRun(path.stem)
     first = len(claims.RECORDED)
     ns = {"__name__": "__main__", "__file__": str(path)}
@@ -122,54 +156,12 @@ def run_lesson(path: Path, echo: bool = False) -> LessonRun:
     return run
 
 
-# --- device checks: what the lessons say about devices other than the one they ran on --------
-
-def device_checks(device) -> list[tuple[str, list]]:
-    """``(topic, verdicts)`` from every module that states device-specific facts.
-
-    Each module offers a ``selfcheck(device)`` (or similar) that checks for real on a CUDA
-    device and replays or simulates on a CPU, saying which in its verdicts' words.
-    """
-    found = []
-    for topic, module, func in _DEVICE_CHECKS:
-        try:
-            mod = __import__(f"amp_lessons.{module}", fromlist=[func])
-        except ImportError:
-            continue
-        check = getattr(mod, func, None)
-        if check is None:
-            continue
-        first = len(claims.RECORDED)
-        try:
-            returned = check(device)
-        except Exception as err:  # noqa: BLE001 - a crashing check is a failed verdict
-            returned = [claims.check(f"{topic}: the device check ran", False,
-                                     "".join(traceback.format_exception_only(err)).strip())]
-        verdicts = list(returned or []) or claims.RECORDED[first:]
-        found.append((topic, verdicts))
-    return found
-
-
-_DEVICE_CHECKS = (
-    ("hardware", "hardware", "selfcheck"),
-    ("matmul precision (lessons 01, 05)", "matmul", "selfcheck"),
-    ("autocast lists (lesson 02)", "trace", "selfcheck"),
-    ("error messages (lesson 06)", "errors", "selfcheck"),
-    ("torch.distributed (lesson 07)", "distributed", "selfcheck"),
-    ("fp8 (lesson 08)", "fp8", "selfcheck"),
-)
-
-
 def main(args) -> int:
     """The CLI: lessons, device checks, doctor, bench; exit 1 if anything failed."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    from .hardware import hardware_report, pick_device
-
-    device = pick_device(args.device)
-    print(f"amp-lessons selfcheck on {device}\n")
-    print(hardware_report(device).table(), "\n", sep="")
+    machine = resolve_machine(args.device)  # once: the header, the device checks and the bench share it
+    print(f"amp-lessons selfcheck on {machine.device}\n")
+    print(machine.report().table(), "\n", sep="")
     runs = []
     for path in lesson_paths(args.notebooks, args.lesson):
         print(f"running {path.name} ...", flush=True)
@@ -182,19 +174,14 @@ def main(args) -> int:
         if run.error:
             print(f"  ERROR {run.error}")
     print("\ndevice checks:")
-    checks = device_checks(device)
+    checks = device_checks(machine)
     for topic, verdicts in checks:
         print(f"  {topic}")
         for v in verdicts:
             print(f"    {v.line()}")
     if not args.no_bench:
-        from . import bench
-
         print("\nbench:")
-        try:
-            print(bench.selfcheck_table(device))
-        except AttributeError:
-            print(bench.run_bench(device=device, warmup=1, repeats=3).table())
+        print(benchcli.selfcheck_table(machine))
     print("\nlessons:")
     for run in runs:
         print("  " + run.line())

@@ -21,8 +21,8 @@ dispatch-mode tracer records them. A CPU-only build can so show what CUDA (or MP
 autocast does; every simulated trace says "(simulated)". Limits: forward + loss only (no
 backward: autograd needs the real device), no values, and weights are not ``requires_grad``
 there, so autocast's cast cache (a weight used twice in one forward is cast once on the
-real device) is not replayed. :func:`compare_simulated` checks the simulation against the
-real device wherever one is present (``make gpu-check`` calls it through :func:`selfcheck`).
+real device) is not replayed. :func:`amp_lessons.devicechecks.compare_simulated` checks the
+simulation against the real device wherever one is present (``make gpu-check``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .hardware import DeviceUnavailableError, check_autocast, pick_device
+from .hardware import DeviceUnavailableError, check_autocast, hardware_report, pick_device
+from .models import TransformerBlock, card_model
 from .precision import dtype_of
 
 LOW = (torch.bfloat16, torch.float16)
@@ -681,8 +682,6 @@ def example(name: str = "card_model", device=None, seed: int = 0):
     ``TransformerBlock``: attention + GELU MLP on (8, 16, 64) tokens, mean-squared error
     against a random target. Built under its own seed; the global RNG is left untouched.
     """
-    from .models import TransformerBlock, card_model
-
     if name not in EXAMPLES:
         raise ValueError(f"model must be one of {', '.join(EXAMPLES)}; got {name!r}")
     dev = pick_device(device)
@@ -713,8 +712,6 @@ def lesson_dtype(report=None) -> torch.dtype:
     device type (``torch.get_autocast_dtype``: bfloat16 on a CPU, float16 on CUDA and MPS).
     """
     if report is None:
-        from .hardware import hardware_report
-
         report = hardware_report()
     if report.recommended in ("bf16", "fp16"):
         return dtype_of(report.recommended)
@@ -819,168 +816,3 @@ def probe_table(names=PROBES, dtype=torch.bfloat16, devices=None) -> str:
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
                      for cells in [head, *rows])
-
-
-# --- the self-check: the simulation against the real device, and 02's CUDA statements -------
-
-
-def _model_cases():
-    from .exercises import dtype_exercise
-
-    return {"card_model": lambda dev: example("card_model", dev),
-            "TransformerBlock": lambda dev: example("TransformerBlock", dev),
-            "the exercise's net": lambda dev: dtype_exercise(dev)}
-
-
-def _real_trace(case: str, dtype, device) -> Trace:
-    """One model or probe traced for real on ``device`` (the self-check's reference)."""
-    if case in _PROBES:
-        return probe(case, dtype, device)
-    model, x, y, loss_fn = _model_cases()[case](device)
-    return trace_model(model, x, y, loss_fn, dtype=dtype)
-
-
-def _simulated_trace(case: str, dtype, device_type: str) -> Trace:
-    if case in _PROBES:
-        return probe(case, dtype, device_type, simulate=True)
-    model, x, y, loss_fn = _model_cases()[case]("cpu")
-    return trace_model(model, x, y, loss_fn, dtype=dtype, device=device_type, simulate=True)
-
-
-def _ops(tr: Trace) -> list[tuple[str, torch.dtype]]:
-    return [(r.op, r.dtype) for r in tr.rows()]
-
-
-def cuda_statements(dtype, cuda_trace, cpu_trace) -> list:
-    """02's statements about CUDA autocast, each a verdict on traces of :data:`PROBES`.
-
-    ``cuda_trace(name)`` traces a probe on CUDA (real or simulated); ``cpu_trace(name)`` on
-    the CPU, for the statements that contrast the two. Each claim starts with where it was
-    checked (``"cuda"`` or ``"cuda (simulated)"``) and the dtype.
-    """
-    from .claims import check
-
-    low, f32 = short(dtype), torch.float32
-    cu = {n: cuda_trace(n) for n in PROBES}
-    cp = {n: cpu_trace(n) for n in ("softmax(x)", "log_softmax(x)", "layer_norm(x)",
-                                   "group_norm(x)", "cross_entropy(x, y)", "sum(x)", "mean(x)")}
-    where = cu["softmax(x)"].where
-    out = []
-
-    def say(claim, holds, *names):
-        figures = "; ".join(f"{n}: {cu[n].oneline()}" + (f" (cpu: {cp[n].oneline()})" if n in cp else "")
-                            for n in names)
-        out.append(check(f"{where}, {low}: {claim}", holds, figures))
-
-    def ops(name):
-        return [(r.op, r.dtype) for r in cu[name].rows()]
-
-    for n in ("softmax(x)", "log_softmax(x)", "layer_norm(x)", "group_norm(x)"):
-        say(f"{n.split('(')[0]} of a 16-bit input produces float32, where the CPU keeps it 16-bit",
-            cu[n].result.dtype == f32 and cp[n].result.dtype == dtype, n)
-    if dtype == torch.float16:
-        say("softmax and log_softmax take the float16 input straight to a float32 result, "
-            "with no separate cast",
-            ops("softmax(x)") == [("_softmax", f32)] and ops("log_softmax(x)") == [("_log_softmax", f32)],
-            "softmax(x)", "log_softmax(x)")
-    else:
-        say("softmax and log_softmax get their input cast to float32 first (a _to_copy)",
-            ops("softmax(x)")[0] == ("_to_copy", f32) and ops("log_softmax(x)")[0] == ("_to_copy", f32),
-            "softmax(x)", "log_softmax(x)")
-    say("layer_norm and group_norm get their input cast to float32 first (a _to_copy)",
-        ops("layer_norm(x)")[0] == ("_to_copy", f32) and ops("group_norm(x)")[0] == ("_to_copy", f32),
-        "layer_norm(x)", "group_norm(x)")
-    say("cross_entropy runs _log_softmax in 16-bit (it passes dtype=x.dtype), then casts to "
-        "float32 for nll_loss_forward; the CPU runs both halves in float32",
-        ops("cross_entropy(x, y)") == [("_log_softmax", dtype), ("_to_copy", f32),
-                                       ("nll_loss_forward", f32)]
-        and cp["cross_entropy(x, y)"].dtype_of("_log_softmax") == f32, "cross_entropy(x, y)")
-    say("sum of a 16-bit input produces float32, mean stays 16-bit; on the CPU both stay 16-bit",
-        cu["sum(x)"].result.dtype == f32 and cu["mean(x)"].result.dtype == dtype
-        and cp["sum(x)"].result.dtype == cp["mean(x)"].result.dtype == dtype, "sum(x)", "mean(x)")
-    say("softmax with an explicit dtype=x.dtype stays 16-bit: autocast leaves explicit dtype= alone",
-        cu["softmax(x, dtype=x.dtype)"].result.dtype == dtype, "softmax(x, dtype=x.dtype)")
-    say("exp runs in float32, but in-place x.exp_() stays 16-bit: autocast skips in-place ops",
-        cu["exp(x)"].result.dtype == f32 and cu["x.exp_()"].result.dtype == dtype,
-        "exp(x)", "x.exp_()")
-    say("mm of float32 inputs runs 16-bit, but not with out=, in place (addmm_) or on float64",
-        cu["mm(a, b)"].result.dtype == dtype and cu["mm(a, b, out=c)"].result.dtype == f32
-        and cu["c.addmm_(a, b)"].result.dtype == f32
-        and cu["mm(a64, b64)"].result.dtype == torch.float64,
-        "mm(a, b)", "mm(a, b, out=c)", "c.addmm_(a, b)", "mm(a64, b64)")
-    say("relu (on no list) follows its 16-bit input", cu["relu(x)"].result.dtype == dtype, "relu(x)")
-    return out
-
-
-def _dtypes_on(device: torch.device, dtypes) -> tuple[torch.dtype, ...]:
-    if dtypes is not None:
-        return tuple(dtype_of(d) if isinstance(d, str) else d for d in dtypes)
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return (torch.float16,)
-    return (torch.bfloat16, torch.float16)
-
-
-def _probes_on(device: torch.device) -> tuple[str, ...]:
-    """The probes that can run for real on ``device`` (MPS has no float64)."""
-    if device.type == "mps":
-        return tuple(n for n in PROBES if not any(a.endswith("64") for a in _PROBES[n][1]))
-    return PROBES
-
-
-def simulation_verdicts(device=None, dtypes=None) -> list:
-    """Does the simulation of ``device``'s autocast match the real thing? One verdict per
-    lesson model (:data:`EXAMPLES` and the exercise's net) and one for all :data:`PROBES`,
-    per dtype: the same ops in the same dtypes, in the same order (views left out).
-
-    On a CUDA GPU this checks the CUDA simulation the lessons show CPU learners; on a CPU it
-    checks the simulation machinery itself against the real CPU autocast.
-    """
-    from .claims import check
-
-    dev = pick_device(device)
-    out = []
-    for dtype in _dtypes_on(dev, dtypes):
-        for case in (*_model_cases(), "probes"):
-            names = _probes_on(dev) if case == "probes" else (case,)
-            diffs = []
-            for name in names:
-                real, sim = _real_trace(name, dtype, dev), _simulated_trace(name, dtype, dev.type)
-                diffs += [f"{name}: {d}" for d in differences(real, sim, layout=False)]
-            what = f"all {len(names)} single calls" if case == "probes" else case
-            out.append(check(f"{dev.type}, {short(dtype)}: the simulation of {dev.type} autocast "
-                             f"ran the same ops in the same dtypes as the real trace ({what})",
-                             not diffs, "; ".join(diffs[:4]) or "no difference"))
-    return out
-
-
-def statement_verdicts(device=None, dtypes=None) -> list:
-    """:func:`cuda_statements` on real CUDA traces when ``device`` is a CUDA GPU, else on
-    simulated ones (each claim then says "cuda (simulated)"), for each dtype."""
-    dev = pick_device(device)
-    out = []
-    for dtype in _dtypes_on(dev, dtypes):
-        if dev.type == "cuda":
-            cuda = partial(_real_trace, dtype=dtype, device=dev)
-        else:
-            cuda = partial(_simulated_trace, dtype=dtype, device_type="cuda")
-        out += cuda_statements(dtype, cuda, partial(_real_trace, dtype=dtype, device="cpu"))
-    return out
-
-
-def compare_simulated(device=None, dtypes=None) -> list:
-    """The simulation checked against ``device``, then lesson 02's CUDA statements, as verdicts.
-
-    On a CUDA device: :func:`simulation_verdicts` (real CUDA traces against simulated ones,
-    for every lesson model and probe), then :func:`statement_verdicts` on the real CUDA
-    traces. Elsewhere (a CPU, MPS): the same match between this device's real and
-    simulated traces, which checks the simulation itself, then the CUDA statements on
-    simulated CUDA traces, each claim saying "cuda (simulated)". ``dtypes``: default both
-    16-bit dtypes (only float16 on a GPU without bfloat16). Used by
-    ``python -m amp_lessons selfcheck`` (through :func:`selfcheck`) and 02_autocast.
-    """
-    return simulation_verdicts(device, dtypes) + statement_verdicts(device, dtypes)
-
-
-def selfcheck(device=None) -> list:
-    """``python -m amp_lessons selfcheck``'s entry point for lesson 02: :func:`compare_simulated`."""
-    return compare_simulated(device)

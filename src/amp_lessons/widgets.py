@@ -19,8 +19,12 @@ import numbers
 import ipywidgets as W
 import matplotlib.pyplot as plt
 
-from .hardware import pick_device, supported_precisions
+from .formats import FORMATS, bits_of, parse_format, scale_table
+from .hardware import available_devices, pick_device, supported_precisions
+from .plots import gradient_histogram, scale_plot
 from .precision import PRECISIONS, dtype_of, needs_scaler, parse_precision, uses_autocast
+from .scaling import scale_run
+from .trace import EXAMPLES, trace_example
 
 
 def _whole(name: str, value, low: int, high: int, why: str = "") -> int:
@@ -181,8 +185,6 @@ def value_in_format(text, name) -> str:
 
     A value that cannot be read returns the message saying what to type (the explorer
     shows it in place of the bits)."""
-    from .formats import bits_of
-
     try:
         value = parse_number(text)
     except ValueError as err:
@@ -195,8 +197,6 @@ def format_explorer(value: str = "0.1", name: str = "fp16"):
 
     ``name`` is any name :func:`amp_lessons.formats.parse_format` reads (``"half"``,
     ``"e4m3"``, ``torch.bfloat16``); ``value`` is typed text, as in the box."""
-    from .formats import FORMATS, parse_format
-
     fmt = W.ToggleButtons(options=list(FORMATS), value=parse_format(name), description="format")
     text = W.Text(value=str(value), description="value")
     return live([fmt, text], lambda: value_in_format(text.value, fmt.value))
@@ -214,9 +214,6 @@ def loss_scale_explorer(grads, exponent: int = 0, max_exponent: int = 24, histog
     bars slide against the formats' bands. ``.slider``, ``.table`` and ``.histogram`` are
     its parts."""
     import torch
-
-    from .formats import scale_table
-    from .plots import gradient_histogram
 
     if not (isinstance(grads, torch.Tensor) and grads.is_floating_point() and grads.numel()):
         raise ValueError("grads must be a non-empty floating-point tensor of gradient values "
@@ -244,8 +241,6 @@ def loss_scale_explorer(grads, exponent: int = 0, max_exponent: int = 24, histog
 
 
 def _example_name(model) -> str:
-    from .trace import EXAMPLES
-
     if model not in EXAMPLES:
         raise ValueError(f"model must be one of {', '.join(EXAMPLES)}; got {model!r}")
     return model
@@ -265,8 +260,6 @@ def autocast_table(model: str = "card_model", precision: str = "bf16", device=No
     ``model`` is one of :data:`amp_lessons.trace.EXAMPLES`; ``precision`` bf16 or fp16 (any
     name :func:`parse_precision` reads); ``<- fp32`` marks the ops that ran float32.
     """
-    from .trace import trace_example
-
     tr = trace_example(_example_name(model), _autocast_precision(precision), device)
     return "\n\n".join([tr.headline(), tr.table(), tr.summary()])
 
@@ -274,9 +267,6 @@ def autocast_table(model: str = "card_model", precision: str = "bf16", device=No
 def autocast_explorer(device=None, precision: str = "bf16", model: str = "card_model"):
     """02's widget: pick a model, a 16-bit dtype and (where there is a choice) a device;
     the traced table re-renders. Only the devices this machine has are offered."""
-    from .hardware import available_devices
-    from .trace import EXAMPLES
-
     here = pick_device(device).type  # an unavailable device: DeviceUnavailableError naming those here
     first = _autocast_precision(precision)
     model = _example_name(model)
@@ -311,8 +301,6 @@ def _scale_run(init_exponent: int, growth_interval: int, inject_at: int, steps: 
     """:func:`amp_lessons.scaling.scale_run`'s run without the per-step gradient statistics
     (norm, zero count) that the scale plot does not draw, which saves about a fifth of its
     time; cached, so a setting seen before redraws without training again."""
-    from .scaling import scale_run
-
     return scale_run(2.0**init_exponent, growth_interval, inject_at, steps, device, grad_stats=False)
 
 
@@ -321,8 +309,6 @@ def scale_figure(init_exponent: int = 16, growth_interval: int = 10, inject_at: 
     """The scale plot of a short fp16 run (03's large-gradient loss) started at
     ``2**init_exponent``, growing every ``growth_interval`` clean steps, with an inf injected
     at step ``inject_at`` (-1: none). Pure: the widget below and the tests call it."""
-    from .plots import scale_plot
-
     init, growth, inject, steps = _scale_settings(init_exponent, growth_interval, inject_at, steps)
     history, final = _scale_run(init, growth, inject, steps, str(pick_device(device)))
     return scale_plot(history, final, growth, injected=(inject,) if inject >= 0 else ())
