@@ -47,7 +47,7 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     findings, passed = [], True
     if k != round(k):
         passed = False
-        findings.append(f"{scale:g} is not a power of two: multiplying by it rounds every "
+        findings.append(f"{scale:g} is not a power of two: multiplying by it can round each "
                         "gradient's mantissa; GradScaler only uses powers of two (2.0**k)")
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
     c = scaled_census(grads, "fp16", scale)
@@ -124,7 +124,8 @@ def _parse_guess(op: str, guess):
         return None, f"{op}: {guess!r} is not a dtype; {_DTYPE_ANSWERS}"
     if name == "tf32":
         return None, (f"{op}: 'tf32' is not a dtype a tensor can have: TF32 is a mode of float32 "
-                      "matmuls on NVIDIA GPUs (the tensors stay torch.float32), and autocast never "
+                      "matmuls (NVIDIA GPUs from Ampere on; x86 CPUs with AMX-FP16, through oneDNN): "
+                      "the tensors stay torch.float32, and autocast never "
                       f"picks it; {_DTYPE_ANSWERS}")
     return dtype_of(name), None
 
