@@ -163,7 +163,7 @@ format_explorer("1e-8", "fp16")
 # a small MLP learns the 8x8 handwritten digits in float32 for 50 steps on this machine,
 # and `GradientRecorder` keeps the gradients of step 50: every weight's gradient, and the
 # gradients that flow between the layers during backward (the `grad_output` of each
-# `Linear`). In float32 nothing is lost, so these are the values a 16-bit backward pass
+# `Linear`). float32's range holds them all, so these are the values a 16-bit backward pass
 # would have to hold.
 
 # %%

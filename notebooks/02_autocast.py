@@ -250,8 +250,8 @@ for op in ops:
 #
 # ### Replaying CUDA's autocast here: `simulate=True`
 #
-# Autocast decides every cast in C++ before any kernel runs, from the op and its tensors'
-# device and dtype alone. So the tracer can replay a device it does not have: with `simulate=True` it
+# Autocast decides every cast in C++ before any kernel runs, from the op, its arguments'
+# devices and dtypes and the autocast dtype, never from the data. So the tracer can replay a device it does not have: with `simulate=True` it
 # turns the tensors into `FakeTensor`s on `"cuda"` (a shape, a dtype and a device, but no
 # data), switches CUDA's autocast on, and records the same aten ops as before. Nothing is
 # computed, there is no backward pass, and every simulated trace says "(simulated)".

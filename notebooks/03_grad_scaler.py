@@ -120,8 +120,8 @@ print(flush_report(fp32, first_step_gradients("fp16", scaler=True, device=device
 # %% [markdown]
 # ## Does it matter for training?
 #
-# The same 100 steps in four ways. A gradient that is exactly zero moves nothing: Adam
-# can rescale a tiny gradient, but not a missing one. **Predict** which run falls behind.
+# The same 100 steps in four ways. A weight whose gradient stays exactly zero learns
+# nothing: Adam can rescale a tiny gradient, but not a missing one. **Predict** which run falls behind.
 
 # %%
 from amp_lessons.scaling import lesson_trainer
@@ -168,7 +168,8 @@ print(at_most("in fp32 the weighted run ends within 0.1 of the plain run's loss"
 
 # %% [markdown]
 # Compare the curves with the zero shares printed above: fp16 alone falls behind while its
-# gradients are zero, since weights whose gradients vanished stay where they started. With
+# gradients are zero, since weights whose gradients vanished hardly move from where they
+# started. With
 # a GradScaler, fp16 follows fp32; so does bf16, with no scaler at all.
 #
 # ## GradScaler, line by line

@@ -96,7 +96,8 @@ print(between("the applied norm is max_norm / scale, to float16 rounding",
 
 # %% [markdown]
 # So clipping before `unscale_` does not clip at `max_norm`: its **effective threshold is
-# `max_norm / scale`**, and with the default scale of 2^16 nearly every gradient is above it.
+# `max_norm / scale`**, and with the default scale of 2^16 nearly every gradient's norm is
+# above it.
 #
 # ## A training run, three ways
 #
