@@ -20,7 +20,8 @@
 # happen on your own hardware: gradients that vanish in float16 but survive in bfloat16,
 # the dtype each operation really runs in under `torch.autocast`, `GradScaler` scaling the
 # loss and skipping bad steps, and the gradient-clipping trap. Every claim is shown by a
-# cell you run, on this machine.
+# cell you run, on this machine, or names its source (the torch file, docs page or paper) in
+# the "Sources" list at the end of its lesson.
 #
 # | lesson | what you will see |
 # |---|---|
@@ -37,10 +38,12 @@
 # ## The card
 #
 # The course teaches one page of advice, the kind that gets pinned above a desk. Lessons
-# quote it as *the card*; each of its sentences is shown happening somewhere:
+# quote it as *the card*; each of its sentences is checked somewhere, shown happening or
+# traced to its source:
 #
 # > Mixed precision typically gives 2-3x faster training and halves activation memory on
-# > modern GPUs. *(measured in 05)*
+# > modern GPUs. *(the 2-3x is the figure of PyTorch's AMP recipe for tensor-core GPUs;
+# > 05 measures what this machine gains, and the activation memory)*
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
@@ -60,7 +63,8 @@
 # > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
 # >
 # > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
-# > on NVIDIA GPUs, a near-free speedup for code you do not convert. *(05)*
+# > on NVIDIA GPUs, a near-free speedup for code you do not convert. *(PyTorch's CUDA notes;
+# > below, what it does on a CPU)*
 # >
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
@@ -113,10 +117,9 @@ print(report.table())
 # - **native or emulated bfloat16**: a T4 (compute capability 7.5) *reports* bf16 support
 #   through `torch.cuda.is_bf16_supported()`, but only by emulation, which is slow.
 #   `is_bf16_supported(including_emulation=False)` tells the truth.
-# - **whether float16 needs a GradScaler**: when some gradients fall below float16's range,
-#   which is the usual case for large networks and happens even to small ones (lesson 01
-#   counts how many of yours do; lesson 03 trains with and without a scaler). Some networks
-#   do train in float16 without one, when all their gradients fit. bfloat16 has float32's
+# - **whether float16 needs a GradScaler**: when some gradients fall below float16's range
+#   (lesson 01 counts how many of yours do; lesson 03 trains with and without a scaler).
+#   A network whose gradients all fit trains in float16 without one. bfloat16 has float32's
 #   range, so it rarely needs one.
 #
 # Rather than trust a rule for the first fact, the report measured it: one small matmul per
@@ -171,14 +174,38 @@ for label, facts in devices.items():
 print(recommend("cuda", (7, 5), bf16_native=False)[2])
 
 # %% [markdown]
-# Not every precision exists everywhere. On any CPU, TF32 does not (it is a format of NVIDIA's
-# tensor cores), while bf16 and fp16 autocast both run. **Predict**: does float16 really
-# run on a CPU, or is it refused?
+# Not every precision exists everywhere. TF32 is not a dtype but a way of multiplying
+# float32 matrices with 10 mantissa bits: NVIDIA's tensor cores do it from Ampere on. On a
+# CPU, `set_float32_matmul_precision("high")` sets oneDNN's float32 matmul precision to
+# `"tf32"`, and torch's oneDNN matmul uses that only on x86 CPUs with AMX-FP16 (Intel's
+# Granite Rapids and newer); on any other CPU it changes nothing. **Predict**: does
+# `"high"` change a float32 matmul's result on this CPU?
+
+# %%
+from amp_lessons.claims import check
+
+a, b = torch.randn(256, 256), torch.randn(256, 256)
+exact, before = a @ b, torch.get_float32_matmul_precision()
+torch.set_float32_matmul_precision("high")
+print("oneDNN's float32 matmul precision under 'high':", torch.backends.mkldnn.matmul.fp32_precision)
+changed = not torch.equal(a @ b, exact)
+torch.set_float32_matmul_precision(before)
+amx_fp16 = getattr(torch._C._cpu, "_get_cpu_capability", dict)().get("amx_fp16", False)  # torch's CPU probe
+print(check("'high' changes this CPU's float32 matmul results exactly when the CPU has AMX-FP16",
+            changed == amx_fp16))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"this CPU: AMX-FP16 {amx_fp16}; 'high' changed the matmul's result: {changed}")
+
+# %% [markdown]
+# The course trains in tf32 only on Ampere-or-newer NVIDIA GPUs, and refuses it on a CPU;
+# bf16 and fp16 autocast both run. **Predict**: does float16 really run on a CPU, or is it refused?
 
 # %%
 from amp_lessons.hardware import supported_precisions
 
-{name: why or "runs" for name, why in supported_precisions("cpu").items()}
+{name: "refused" if why else "runs" for name, why in supported_precisions("cpu").items()}
 
 # %%
 a = torch.randn(64, 64)
@@ -220,7 +247,7 @@ with expect_error(ValueError):
 # above, one exact and one with a margin:
 
 # %%
-from amp_lessons.claims import Verdict, at_least, check
+from amp_lessons.claims import Verdict, at_least
 
 with torch.autocast("cpu", dtype=torch.float16):
     print(check("float16 autocast runs matmuls in float16 on this CPU", (a @ a).dtype == torch.float16))
@@ -243,7 +270,7 @@ Verdict("a float16 matmul runs at least 1000x float32's rate here", speedups["fp
 #
 # ## How the widgets work
 #
-# Lessons 01-05 have widgets: controls wired to the same functions the cells call, so
+# Lessons 01, 02 and 03 have widgets: controls wired to the same functions the cells call, so
 # moving one re-runs a small computation and redraws. Click a precision below: the
 # text shows the dtype autocast computes in, whether a GradScaler is needed, and whether
 # this device can run it. (In a static view, such as GitHub's, widgets do not render:
@@ -277,5 +304,21 @@ print(describe_precision("fp16", "cpu"))
 #
 # The stored outputs come from a CPU run. On another machine the `≈` digits differ and the
 # verdicts are computed again from yours. The lessons were written on CPUs: where they say
-# what CUDA does (lesson 02's autocast lists, say), it comes from PyTorch's source and a
-# simulation of CUDA's autocast on the CPU, and `make gpu-check` checks it on a real GPU.
+# what CUDA does (lesson 02's autocast lists, say), it comes from PyTorch's source (named in
+# the lesson's Sources) and a simulation of CUDA's autocast on the CPU, and `make gpu-check`
+# checks it on a real GPU.
+#
+# ## Sources
+#
+# - The 2-3x: PyTorch's AMP recipe, "This recipe should show significant (2-3X) speedup" on
+#   Volta, Turing and Ampere GPUs (`pytorch/tutorials`, `recipes_source/recipes/amp_recipe.py`;
+#   docs.pytorch.org/tutorials/recipes/recipes/amp_recipe.html).
+# - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
+#   PyTorch's CUDA notes (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and
+#   later) devices") and the function's docstring (`torch/__init__.py`).
+# - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
+#   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
+# - Tensor cores' 16-bit rate against float32's: NVIDIA's A100 datasheet gives 19.5 TFLOPS
+#   for float32 and 312 TFLOPS for bf16/fp16 on tensor cores (dense), 16x.
+# - A T4 reporting bf16 support by emulation: `torch.cuda.is_bf16_supported` and its
+#   `including_emulation` argument (`torch/cuda/__init__.py`).

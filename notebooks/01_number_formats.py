@@ -163,7 +163,7 @@ format_explorer("1e-8", "fp16")
 # a small MLP learns the 8x8 handwritten digits in float32 for 50 steps on this machine,
 # and `GradientRecorder` keeps the gradients of step 50: every weight's gradient, and the
 # gradients that flow between the layers during backward (the `grad_output` of each
-# `Linear`). In float32 nothing is lost, so these are the values a 16-bit backward pass
+# `Linear`). float32's range holds them all, so these are the values a 16-bit backward pass
 # would have to hold.
 
 # %%
@@ -187,10 +187,10 @@ print(f"{recorder.weight_grads.numel():,} weight-gradient and "
 print(f"{measured((grads == 0).sum().item(), ',')} are exactly zero")
 
 # %% [markdown]
-# Why exactly zero? Two reasons. The first layer's weight gradient is the batch's input
+# Why exactly zero? Two causes. The first layer's weight gradient is the batch's input
 # pixels times the gradient flowing back, so every weight that reads a pixel which is blank
-# in every image of the batch gets a gradient of exactly 0. Most of the rest is ReLU, which
-# passes no gradient where it was off. Counting the first:
+# in every image of the batch gets a gradient of exactly 0. And ReLU passes back exactly 0
+# wherever its input was not positive. Counting the first:
 
 # %%
 x50, _ = digits().batch(50 * trainer.accum_steps, trainer.batch_size, trainer.seed)
@@ -201,6 +201,20 @@ print(f"{blank} of the 64 pixels are blank in all {len(x50)} images of step 50's
       f"{blank} x {first.out_features} = {blank * first.out_features} first-layer weights with a gradient of exactly 0")
 first_grad = recorder.weight_grads[:first.weight.numel()].view_as(first.weight)  # recorded in parameter order
 print("all of them 0 in the recorded gradients:", bool((first_grad[:, blank_pixels] == 0).all()))
+
+# %% [markdown]
+# The second. Each hidden `Linear` here feeds a ReLU, so the gradient flowing into it (its
+# `grad_output`, one of the activation gradients) is 0 wherever the ReLU was off, and a
+# unit that was off for every image of the batch gives its weights a gradient of 0 too.
+# ReLU's own gradient, at three inputs, and the zeros of each kind:
+
+# %%
+z = torch.tensor([-1.0, 0.0, 2.0], requires_grad=True)
+torch.relu(z).sum().backward()
+print("ReLU's gradient at -1, 0, 2:", z.grad.tolist())
+zeros = {"weight": recorder.weight_grads, "activation": recorder.activation_grads}
+for kind, g in zeros.items():
+    print(f"exact zeros among the {kind} gradients: {measured(int((g == 0).sum()), ',')} of {g.numel():,}")
 
 # %% [markdown]
 # **Predict:** what share of the nonzero values would float16 flush to zero? And bfloat16?
@@ -382,3 +396,17 @@ my_scale = 2.0**4
 from amp_lessons.exercises import check_loss_scale
 
 check_loss_scale(my_scale, grads)
+
+# %% [markdown]
+# ## Sources
+#
+# - TF32 keeping 10 of float32's 23 mantissa bits, and the first 10 bits read without
+#   rounding: PyTorch's numerical-accuracy notes (`docs/source/notes/numerical_accuracy.rst`,
+#   "TensorFloat-32 (TF32) on Nvidia Ampere (and later) devices") and the CUDA notes
+#   (`docs/source/notes/cuda.rst`).
+# - `GradScaler` skipping a step with an inf and halving its scale, doubling it after
+#   `growth_interval` clean steps: `torch/amp/grad_scaler.py` (lesson 03 runs it).
+# - The gradient histogram against float16's range: Micikevicius et al., *Mixed Precision
+#   Training*, ICLR 2018 (arXiv:1710.03740), Figure 3.
+# - What an fp8 cast stores for a value too large for e4m3fn, by release: the cell above
+#   prints this release's answer; lesson 08 names the changes.

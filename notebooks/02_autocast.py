@@ -93,9 +93,9 @@ print("parameter dtypes: ", {p.dtype for p in model.parameters()})
 # (A100, H100, RTX 30xx and later, with native bfloat16: no scaler needed) and float16 with a
 # `GradScaler` on older ones (T4, V100). From here on the lesson picks the device with
 # `amp_lessons.pick_device` (which also finds Apple's MPS) and traces in the precision lesson
-# 00 recommends for it. Where that is fp32 (a CPU without AMX, an Apple GPU), autocast still
-# needs a 16-bit dtype to show anything, so the lesson takes autocast's own default for the
-# device type: bfloat16 on a CPU, float16 on CUDA and MPS (`amp_lessons.trace.lesson_dtype`).
+# 00 recommends for it. Where that is fp32 (a CPU without fast bf16 matmuls, an Apple
+# GPU), autocast still needs a 16-bit dtype to show anything, so the lesson takes
+# autocast's own default for the device type: bfloat16 on a CPU, float16 on CUDA and MPS (`amp_lessons.trace.lesson_dtype`).
 
 # %%
 from amp_lessons.trace import lesson_dtype
@@ -125,7 +125,8 @@ print(mlp_trace.table())
 
 # %% [markdown]
 # How to read it. The `_to_copy` rows are casts, and the `cast` column says who inserted
-# them: `autocast`, or `explicit` for a cast the code wrote itself (such as `h.float()`).
+# them: `autocast`, or `explicit` for a cast the code wrote itself (such as `h.float()`)
+# or an op made inside itself (below, `rms_norm`).
 # Before each `Linear`'s `addmm`, autocast cast the float32 weight and bias to 16-bit, and
 # for the first layer the float32 input too (the shape column tells which is which); the
 # matmul then ran in 16-bit, and so did the `relu` that followed it. The last column marks
@@ -138,20 +139,13 @@ print(mlp_trace.table())
 # What the loss did depends on the device. On a CPU, `cross_entropy` is on autocast's
 # float32 list: autocast casts the 16-bit logits to float32 (the cast in the `(loss)` rows),
 # `_log_softmax` runs on that float32 copy, and `nll_loss_forward` (the second half of
-# cross-entropy) gets float32 from it. CUDA has no such entry for `cross_entropy`; a section
-# below traces what it does instead.
+# cross-entropy) gets float32 from it. CUDA's lists in torch's C++ have no entry for
+# `cross_entropy`; a section below traces what it does instead.
 #
 # Per module, the same trace:
 
 # %%
 print(mlp_trace.summary())
-
-# %% [markdown]
-# In a notebook, the trace itself renders as a table: orange rows are the ops autocast put in
-# float32, sand rows those that were float32 already, grey italics the casts.
-
-# %%
-mlp_trace
 
 # %% [markdown]
 # ## A transformer block: attention, softmax, layer_norm, GELU
@@ -160,7 +154,8 @@ mlp_trace
 # `x + mlp(ln2(x))`, with the attention written out (`q @ k`, softmax, `@ v`) so that each
 # op shows. Its loss is a mean-squared error against a random target.
 # **Predict**: which of `_softmax`, `native_layer_norm`, `gelu` and the residual `add` will
-# run in 16-bit here?
+# run in 16-bit here? (In a notebook a trace renders as a table: orange rows are the ops
+# autocast put in float32, sand rows those that were float32 already, grey italics the casts.)
 
 # %%
 from amp_lessons.trace import trace_example
@@ -195,7 +190,8 @@ for op in ("addmm", "bmm", "_softmax", "gelu", "native_layer_norm", "add", "mse_
 #
 # 1. Ops on the **lower-precision list** (matmul, `linear`, `bmm`, convolutions) get their
 #    float32 inputs cast to 16-bit and run in 16-bit.
-# 2. Ops on the **float32 list** (the losses on every device; more ops on CUDA and MPS, below)
+# 2. Ops on the **float32 list** (the losses on every device, and others that differ by
+#    device: linear algebra on a CPU, `softmax` and `layer_norm` on CUDA and MPS, below)
 #    get their 16-bit inputs cast to float32 (or are asked for a float32 result) and run in
 #    float32.
 # 3. Every other op runs in the dtype of its inputs, with ordinary type promotion when
@@ -213,11 +209,35 @@ image = torch.randn(2, 3, 8, 8, device=device)
 print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 
 # %% [markdown]
+# An op on no list can still cast inside itself. `torch.rms_norm` upcasts a 16-bit input to
+# float32, normalizes, and casts back; the tracer labels those casts `explicit`, the op's own,
+# unless this device's autocast has a kernel for `rms_norm` (CUDA's does; its list makes it
+# float32):
+
+# %%
+print(trace_fn(partial(torch.rms_norm, torch.randn(4, 16, device=device).to(dtype), (16,)),
+               device=device, dtype=dtype).table())
+
+# %% [markdown]
 # ## CPU and CUDA keep different lists
 #
 # Each device type has its own autocast lists, in PyTorch's `aten/src/ATen/autocast_mode.cpp`
 # and `autocast_mode.h`; PyTorch's AMP documentation prints the CUDA and CPU ones under
-# "Autocast Op Reference". No API returns them, so tracing is the way to see them. In short:
+# "Autocast Op Reference". No public API returns them. A private one answers per op, with
+# no GPU: `torch._C._dispatch_has_kernel_for_dispatch_key` says whether autocast has a
+# kernel for an op on a device type (not which list, nor what the kernel does: tracing shows
+# that):
+
+# %%
+has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+ops = ["aten::mm", "aten::softmax.int", "aten::layer_norm", "aten::sum", "aten::relu",
+       "aten::nll_loss", "aten::cross_entropy_loss"]
+print(f"{'op':<26}{'AutocastCPU':>12}{'AutocastCUDA':>13}")
+for op in ops:
+    print(f"{op:<26}{has_kernel(op, 'AutocastCPU')!s:>12}{has_kernel(op, 'AutocastCUDA')!s:>13}")
+
+# %% [markdown]
+# In short:
 #
 # - **CUDA**'s float32 list holds `softmax`, `log_softmax`, `layer_norm`, `group_norm`,
 #   `sum`, `exp`, `pow`, the norms and the losses: a 16-bit input comes out float32.
@@ -230,8 +250,8 @@ print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 #
 # ### Replaying CUDA's autocast here: `simulate=True`
 #
-# Autocast decides every cast in C++ before any kernel runs, from the op and its tensors'
-# device and dtype alone. So the tracer can replay a device it does not have: with `simulate=True` it
+# Autocast decides every cast in C++ before any kernel runs, from the op, its arguments'
+# devices and dtypes and the autocast dtype, never from the data. So the tracer can replay a device it does not have: with `simulate=True` it
 # turns the tensors into `FakeTensor`s on `"cuda"` (a shape, a dtype and a device, but no
 # data), switches CUDA's autocast on, and records the same aten ops as before. Nothing is
 # computed, there is no backward pass, and every simulated trace says "(simulated)".
@@ -292,7 +312,10 @@ op_dtypes([block_trace, cuda_block])
 #
 # ## The loss on CUDA, and the calls autocast skips
 #
-# CUDA's lists have no entry for `cross_entropy`. It decomposes: PyTorch computes
+# CUDA's lists in the C++ have no entry for `cross_entropy` (the `False` for
+# `cross_entropy_loss` above), yet the docs' Op Reference lists `cross_entropy` among CUDA's
+# float32 ops. Both hold: the docs list what the call gives, and the loss does come out
+# float32, because it decomposes into ops that are on the list. PyTorch computes
 # `log_softmax(x, 1, dtype=x.dtype)`, then `nll_loss`. `log_softmax` is on CUDA's float32
 # list, yet here autocast leaves it alone, because the call names its own dtype; `nll_loss`
 # is on the list too, so its input is cast to float32. **Predict** the CUDA column for the
@@ -379,8 +402,9 @@ for name, p in mlp.named_parameters():
     print(f"{name:<9} parameter {p.dtype}   grad {p.grad.dtype}")
 
 # %% [markdown]
-# The backward pass ran its matmuls in 16-bit as well (the `(backward)` row): each backward
-# op runs in the dtype its forward op chose. Every cast autocast inserted has a backward
+# The backward pass ran its matmuls in 16-bit as well (the `(backward)` row): with autocast
+# off, as here, each backward op runs in the dtype its forward op chose (called inside the
+# context, autocast can change that: two sections below). Every cast autocast inserted has a backward
 # of its own, a cast the other way, so the gradient reaching a float32 weight is cast back
 # to float32: the `_to_copy` casts in the `(backward)` row.
 
@@ -413,12 +437,12 @@ print("gradient dtypes:    ", {b.dtype for _, b in grads})
 
 # %% [markdown]
 # What does not change: the gradients stay float32. Whether anything else changes depends
-# on this device's lists. Autocast acts only on ops that are on one of its lists and get an
-# input of the other dtype, and backward ops mostly get inputs already in the dtype their
-# forward op chose, so there is little for it to do; the cells above printed what it did
-# change here, if anything. The card's rule keeps backward free of such accidents, and
-# the section after next shows code whose behaviour really depends on where `backward()`
-# is called.
+# on the model and this device's lists. Autocast acts only on ops that are on one of its
+# lists and get an input of another dtype, and in this block the backward ops get inputs
+# already in the dtype their forward op chose, so there is little for it to do; the cells
+# above printed what it did change here, if anything. The card's rule keeps backward free
+# of such accidents: the next two sections show code whose gradients do depend on where
+# `backward()` is called.
 #
 # ## A region that must run in float32: `autocast(enabled=False)`
 #
@@ -449,6 +473,28 @@ with torch.autocast(device, dtype=dtype):
     with torch.autocast(device, enabled=False):
         out = head(h.float())
 print(h.dtype, "->", out.dtype)
+
+# %% [markdown]
+# The region's forward ran in float32. Its backward runs in float32 only if autocast is off
+# when it runs: called inside the context, autocast is on again, and the backward matmuls
+# of `head` are on its list. **Predict**: does `head`'s weight gradient depend on where
+# `backward()` is called?
+
+# %%
+def head_weight_grad(backward_inside: bool) -> torch.Tensor:
+    head.weight.grad = None
+    with torch.autocast(device, dtype=dtype):
+        with torch.autocast(device, enabled=False):
+            out = head(mlp[0](x).float())
+        if backward_inside:
+            out.square().mean().backward()
+    if not backward_inside:
+        out.square().mean().backward()
+    return head.weight.grad
+
+
+print("head.weight.grad identical, backward inside vs outside:",
+      torch.equal(head_weight_grad(True), head_weight_grad(False)))
 
 # %% [markdown]
 # ## Custom autograd functions: `custom_fwd` and `custom_bwd`
@@ -624,3 +670,26 @@ check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype
 # the rows that made each answer. Then predict again for CUDA, and check against the replay:
 # `trace_model(net, images, labels, nll, dtype=dtype, device="cuda", simulate=True)`. Not
 # every answer is the same as on a CPU.
+
+# %% [markdown]
+# ## Sources
+#
+# What this lesson says of PyTorch that the traces above do not compute, or compute only in
+# a replay:
+#
+# - The autocast lists of each device type: `aten/src/ATen/autocast_mode.cpp` (the
+#   `AutocastCUDA`, `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP
+#   docs' "Autocast Op Reference" (`docs/source/amp.md`), which lists Python-level calls
+#   such as `cross_entropy`.
+# - The calls autocast skips (explicit `dtype=`, in-place, `out=`, float64): "Op
+#   Eligibility" in `docs/source/amp.md`.
+# - `cross_entropy` as `log_softmax(x, 1, dtype=x.dtype)` then `nll_loss`:
+#   `cross_entropy_loss` in `aten/src/ATen/native/LossNLL.cpp`.
+# - Backward ops running in the dtype autocast chose for their forward op, and backward
+#   outside autocast: "Autocasting" in `docs/source/amp.md`.
+# - `custom_fwd` and `custom_bwd` (and `cast_inputs`): `torch/amp/autocast_mode.py`.
+# - Autocast on MPS: pytorch/pytorch#99272 (float16, release 2.5) and #139390 (bfloat16,
+#   release 2.6).
+# - The tracer sitting below autocast: `TorchDispatchMode` in
+#   `torch/utils/_python_dispatch.py`; the autocast dispatch keys in
+#   `c10/core/DispatchKey.h`.

@@ -53,13 +53,14 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # ## A network with small gradients
 #
 # A 4-layer MLP learns the 8x8 handwritten digits with AdamW. A network this small has
-# large gradients. Large networks have far smaller ones: in NVIDIA's *Mixed Precision
-# Training* paper, many activation gradients of a detection network lay below 2^-24,
-# float16's smallest subnormal. To see on a laptop what fp16 does to gradients that small,
-# this lesson multiplies the loss by `LOSS_WEIGHT`, which shrinks every gradient by the
-# same factor. Adam's steps hardly depend on the size of the gradients, so in fp32 the
-# run trains much as it would without the weight; what changes is where the gradients
-# sit in fp16's range.
+# large gradients. Other networks have far smaller ones: in NVIDIA's *Mixed Precision
+# Training* paper (section 3.2 and its Figure 3), many activation gradients of a Multibox
+# SSD detector lay below 2^-24, float16's smallest subnormal, and became zeros. To see on a
+# laptop what fp16 does to gradients that small, this lesson multiplies the loss by
+# `LOSS_WEIGHT`, which shrinks every gradient by the same factor. Adam's steps hardly
+# depend on the size of the gradients (only its `eps`, 1e-8, sees it), so in fp32 the run
+# should train much as it would without the weight (checked after the four runs below);
+# what changes is where the gradients sit in fp16's range.
 
 # %%
 import math
@@ -89,8 +90,8 @@ fp16 = first_step_gradients("fp16", scaler=False, device=device)
 print(flush_report(fp32, fp16, "fp16"))
 
 # %% [markdown]
-# Some gradients are zero in fp32 too (the first share above): ReLU passes no gradient
-# where it was off. Everything fp16 adds to that is lost to its range. Why? Compare the sizes.
+# Some gradients are zero in fp32 too (the first share above): weights that read a pixel
+# blank in the whole batch, and wherever a ReLU was off (lesson 01 counted both). Everything fp16 adds to that is lost to its range. Why? Compare the sizes.
 # (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's smallest subnormal,
 # rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
@@ -119,8 +120,8 @@ print(flush_report(fp32, first_step_gradients("fp16", scaler=True, device=device
 # %% [markdown]
 # ## Does it matter for training?
 #
-# The same 100 steps in four ways. A gradient that is exactly zero moves nothing: Adam
-# can rescale a tiny gradient, but not a missing one. **Predict** which run falls behind.
+# The same 100 steps in four ways. A weight whose gradient stays exactly zero learns
+# nothing: Adam can rescale a tiny gradient, but not a missing one. **Predict** which run falls behind.
 
 # %%
 from amp_lessons.scaling import lesson_trainer
@@ -154,8 +155,21 @@ for label in ("fp16 + GradScaler", "bf16, no scaler"):
         print(at_most(f"{label} ends within 0.05 of fp32's loss", abs(final[label] - ref), 0.05))
 
 # %% [markdown]
+# And the weight itself: the fp32 run again, with the plain cross-entropy (no `LOSS_WEIGHT`):
+
+# %%
+from torch.nn import functional as F
+
+plain = lesson_trainer("fp32", device=device, loss_fn=F.cross_entropy)
+plain_loss = sum(plain.fit(100)["loss"][-10:]) / 10
+print(f"fp32, weighted: final loss {measured(final['fp32'], '.3f')}, accuracy {measured(accuracy['fp32'], '.3f')}")
+print(f"fp32, plain:    final loss {measured(plain_loss, '.3f')}, accuracy {measured(plain.evaluate(), '.3f')}")
+print(at_most("in fp32 the weighted run ends within 0.1 of the plain run's loss", abs(final["fp32"] - plain_loss), 0.1))
+
+# %% [markdown]
 # Compare the curves with the zero shares printed above: fp16 alone falls behind while its
-# gradients are zero, since weights whose gradients vanished stay where they started. With
+# gradients are zero, since weights whose gradients vanished hardly move from where they
+# started. With
 # a GradScaler, fp16 follows fp32; so does bf16, with no scaler at all.
 #
 # ## GradScaler, line by line
@@ -244,7 +258,7 @@ print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
       f"{all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))}")
 
 # %% [markdown]
-# ## Why the first step is often skipped
+# ## Why the first steps can be skipped
 #
 # A scale can also be too large: a scaled gradient above 65504 overflows to inf. A loss
 # summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence)
@@ -421,7 +435,7 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #
 # ## Watch out
 #
-# - The first steps of a run are often skipped while the scale falls from 65536: normal.
+# - The first steps of a run can be skipped while the scale falls from 65536: normal.
 #   A scale that keeps falling means inf/NaN at any scale: look at the data and the lr.
 # - Step the lr scheduler only when the step was not skipped. PyTorch warns ("Detected
 #   call of `lr_scheduler.step()` before `optimizer.step()`") only when the very first
@@ -454,3 +468,18 @@ print(inspect.getsource(amp_step_as_given))
 my_step = amp_step_as_given  # replace with your own: def my_step(model, opt, scaler, scheduler, x, y): ...
 
 check_amp_step(my_step, device)
+
+# %% [markdown]
+# ## Sources
+#
+# What this lesson says of PyTorch without a cell computing it:
+#
+# - `GradScaler`'s defaults (`init_scale=2**16`, `growth_factor=2`, `backoff_factor=0.5`,
+#   `growth_interval=2000`), `step` skipping `optimizer.step()` when `unscale_` found
+#   inf/NaN, and `"cuda"` as the default device, with its warning without CUDA:
+#   `torch/amp/grad_scaler.py`.
+# - The scheduler's order warning, checked only at its first step:
+#   `LRScheduler.step` in `torch/optim/lr_scheduler.py`.
+# - Adam's `eps` (default 1e-8): `torch/optim/adamw.py`.
+# - Activation gradients below float16's range: Micikevicius et al., *Mixed Precision
+#   Training*, ICLR 2018 (arXiv:1710.03740), section 3.2 and Figure 3.

@@ -96,7 +96,8 @@ print(between("the applied norm is max_norm / scale, to float16 rounding",
 
 # %% [markdown]
 # So clipping before `unscale_` does not clip at `max_norm`: its **effective threshold is
-# `max_norm / scale`**, and with the default scale of 2^16 nearly every gradient is above it.
+# `max_norm / scale`**, and with the default scale of 2^16 nearly every gradient's norm is
+# above it.
 #
 # ## A training run, three ways
 #
@@ -442,7 +443,8 @@ print(inspect.getsource(broken_clipping_loop))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_loop(...)`, fix the three bugs, and answer: is
-# calling `backward()` inside the `autocast` block a bug? The checker runs your loop on
+# calling `backward()` inside the `autocast` block one of this loop's bugs, one that changes
+# what it computes? (Lesson 02 traced backward inside and outside.) The checker runs your loop on
 # the CPU, records every GradScaler and clip call, compares the weights with a reference
 # loop, and says bug by bug what is fixed. As given, it runs the broken loop:
 
@@ -451,3 +453,17 @@ my_loop = broken_clipping_loop  # replace with your fixed copy: def my_loop(mode
 backward_in_autocast_is_a_bug = None  # True or False?
 
 check_clipping_loop(my_loop, backward_in_autocast_is_a_bug)
+
+# %% [markdown]
+# ## Sources
+#
+# What this lesson says of PyTorch without a cell computing it:
+#
+# - `GradScaler`'s default device `"cuda"`, its warning and self-disabling without CUDA,
+#   the "already been called" check that `update()` resets, and one `update()` per
+#   optimizer step: `torch/amp/grad_scaler.py` (`__init__`, `unscale_`, `update`).
+# - `clip_grad_norm_` returning the total norm, and `error_if_nonfinite`:
+#   `torch/nn/utils/clip_grad.py`.
+# - Adam's update divided by the root of its running average of squared gradients plus
+#   `eps` (default 1e-8): `torch/optim/adamw.py`, and the `torch.optim.AdamW` docs page.
+# - Backward outside autocast: PyTorch's AMP docs, `docs/source/amp.md` ("Autocasting").

@@ -269,6 +269,23 @@ def test_rules_and_marks_separate_autocast_from_float32_already():
     assert all(r.rule is None for r in tr.casts)
 
 
+def test_casts_inside_an_op_autocast_has_no_kernel_for_are_not_autocasts():
+    """CPU autocast has no rms_norm kernel: its upcast and cast back are the op's own, as with
+    autocast off; the simulated CUDA trace, whose list has rms_norm, credits its cast to autocast."""
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCPU")
+    h = torch.randn(4, 8).to(torch.bfloat16)
+    on = trace_fn(partial(torch.rms_norm, h, (8,)), device="cpu", dtype=torch.bfloat16)
+    off = trace_fn(partial(torch.rms_norm, h, (8,)), device="cpu", enabled=False)
+    assert len(on.casts) == len(off.casts) == 2
+    assert not any(r.by_autocast for r in on.records)
+    assert [r.op for r in on.records] == [r.op for r in off.records]
+    w = torch.randn(8, 8)
+    (weight_cast,) = trace_fn(lambda: h @ w, device="cpu", dtype=torch.bfloat16).casts
+    assert weight_cast.autocast_cast  # mm's kernel casts the float32 weight: autocast's own
+    cuda = trace_fn(partial(torch.rms_norm, h, (8,)), device="cuda", dtype=torch.bfloat16, simulate=True)
+    assert cuda.casts[0].autocast_cast
+
+
 def test_a_cast_the_code_writes_is_explicit_not_autocast():
     h = torch.randn(4, 8).to(torch.bfloat16)
     tr = trace_fn(lambda: torch.exp(h.float()), device="cpu", dtype=torch.bfloat16)

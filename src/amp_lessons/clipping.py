@@ -133,8 +133,8 @@ def one_clipped_step(model, x, y, precision="fp16", *, max_norm=None, clip_value
 
 def backward_inside_autocast_matches(model, x, y, precision="fp16") -> bool:
     """Whether ``backward()`` called inside the autocast block gives the same gradients, bit
-    for bit, as called outside it (autograd runs each backward op in the dtype its forward
-    op ran in). Leaves ``model``'s gradients cleared. Used by the 04_clipping exercise."""
+    for bit, as called outside it (true of models whose forward has no region under
+    ``autocast(enabled=False)`` and no custom Function without ``custom_bwd``). Leaves ``model``'s gradients cleared. Used by the 04_clipping exercise."""
     device = next(model.parameters()).device
     grads = []
     for inside in (True, False):

@@ -59,7 +59,7 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     findings, passed = [], True
     if k != round(k):
         passed = False
-        findings.append(f"{scale:g} is not a power of two: multiplying by it rounds every "
+        findings.append(f"{scale:g} is not a power of two: multiplying by it can round each "
                         "gradient's mantissa; GradScaler only uses powers of two (2.0**k)")
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
     c = scaled_census(grads, "fp16", scale)
@@ -132,7 +132,8 @@ def _parse_guess(op: str, guess):
         return None, f"{op}: {guess!r} is not a dtype; {_DTYPE_ANSWERS}"
     if name == "tf32":
         return None, (f"{op}: 'tf32' is not a dtype a tensor can have: TF32 is a mode of float32 "
-                      "matmuls on NVIDIA GPUs (the tensors stay torch.float32), and autocast never "
+                      "matmuls (NVIDIA GPUs from Ampere on; x86 CPUs with AMX-FP16, through oneDNN): "
+                      "the tensors stay torch.float32, and autocast never "
                       f"picks it; {_DTYPE_ANSWERS}")
     return dtype_of(name), None
 
@@ -430,21 +431,31 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
     where = "inside" if inside else "outside"
     if backward_in_autocast_is_a_bug is None:
         passed = False
-        findings.append("question: is calling backward inside the autocast block a bug? Answer "
-                        "with backward_in_autocast_is_a_bug=True or False")
+        findings.append("question: is calling backward inside the autocast block one of this "
+                        "loop's bugs, one that changes what it computes? Answer with "
+                        "backward_in_autocast_is_a_bug=True or False")
     else:
         same = backward_inside_autocast_matches(clipping_lesson_model(hidden=32), *digits().batch(0, 32))
         evidence = (f"measured on this model, its gradients inside and outside are "
                     f"{'identical' if same else 'NOT identical'} bit for bit")
-        if backward_in_autocast_is_a_bug:
+        caveat = ("Autocast is still on during a backward called inside it, and acts on backward "
+                  "ops as on any op: a region the forward ran under autocast(enabled=False), or a "
+                  "custom autograd Function without custom_bwd (lesson 02), gets 16-bit matmuls "
+                  "in its backward. That is why the card and PyTorch's docs put backward outside")
+        if backward_in_autocast_is_a_bug and same:
             passed = False
-            findings.append("not a bug: backward ops run in the dtype their forward ops ran in, "
-                            f"whatever autocast says at backward time ({evidence}). Backward goes "
-                            "outside (the card, PyTorch's docs) because autocast has nothing to "
-                            f"do there. Your loop runs it {where}")
+            findings.append(f"not a bug in this loop ({evidence}): its model has no such region. "
+                            f"{caveat}. Your loop runs it {where}")
+        elif backward_in_autocast_is_a_bug:
+            findings.append(f"right: here it changes the gradients ({evidence}). {caveat}. "
+                            f"Your loop runs it {where}")
+        elif same:
+            findings.append(f"right: in this loop it is not a bug ({evidence}). {caveat}. "
+                            f"Your loop runs it {where}")
         else:
-            findings.append(f"right: backward inside autocast is not a bug ({evidence}); outside "
-                            f"is the convention. Your loop runs it {where}")
+            passed = False
+            findings.append(f"it changes the gradients here ({evidence}). {caveat}. Your loop "
+                            f"runs it {where}")
 
     # 5. the result, against the reference loop
     if error is None:

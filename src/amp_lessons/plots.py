@@ -299,7 +299,7 @@ def clipping_runs(runs: dict, max_norm: float):
     norm of the (unscaled) gradient the optimizer applied, with each run's effective
     threshold (``max_norm`` over the scale when the clip ran before ``unscale_``) dashed.
     Bottom: the loss. One column at 9 inches, legends beside the panels in 9 pt (the runs
-    named once, at the top; their colours carry on below), so the figure reads at
+    named at the top; the middle legend names each run's threshold), so the figure reads at
     JupyterLab's width. The title compares the run with the smallest
     updates to the reference (float-kernel figures, marked ``≈``).
     """
@@ -315,7 +315,7 @@ def clipping_runs(runs: dict, max_norm: float):
         axes[1].plot(steps, h["applied_norm"], label="_" + label, **style)  # named in the top legend
         threshold = statistics.median(measured_thresholds(h, max_norm))
         axes[1].axhline(threshold, color=color, ls="--", lw=1,
-                        label=f"threshold {threshold:.3g}")
+                        label=f"{label}: threshold {threshold:.3g}")
         axes[2].plot(steps, h["loss"], label="_" + label, **style)
     axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
     axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip\ncompared (log axis)",

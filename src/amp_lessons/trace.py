@@ -342,6 +342,45 @@ class _Calls(TorchFunctionMode):
             self.explicit = before
 
 
+class _OwnCasts:
+    """Tells an op's own cast from one autocast inserted, for lesson 02's ``cast`` column.
+
+    Autocast casts an op's inputs with its own dispatch key excluded, so those casts never
+    pass through it. Every other cast does: the code's ``.float()``, and the casts inside an
+    op that autocast has no kernel for (``torch.rms_norm`` upcasts and casts back itself).
+    While active, a kernel on the autocast keys for ``_to_copy`` notes each cast passing
+    through, then runs it as before."""
+
+    KEYS = ("AutocastCPU", "AutocastCUDA", "AutocastMPS")
+
+    def __init__(self):
+        self.passing = False  # a cast that came through an autocast key is running
+        self._lib = None
+
+    def _kernel(self, key):
+        keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+        def through_autocast(*args, **kwargs):
+            before, self.passing = self.passing, True
+            try:
+                with torch._C._ExcludeDispatchKeyGuard(keys):
+                    return torch.ops.aten._to_copy.default(*args, **kwargs)
+            finally:
+                self.passing = before
+        return through_autocast
+
+    def __enter__(self):
+        self._lib = torch.library.Library("aten", "IMPL")
+        for key in self.KEYS:
+            if hasattr(torch._C.DispatchKey, key):
+                self._lib.impl("_to_copy", self._kernel(key), key)
+        return self
+
+    def __exit__(self, *exc):
+        self._lib._destroy()
+        self._lib = None
+
+
 class _Recorder(TorchDispatchMode):
     """Appends one :class:`OpRecord` per aten op; ``where()`` names the running module.
 
@@ -349,9 +388,9 @@ class _Recorder(TorchDispatchMode):
     fed by one is marked as given its dtype by autocast (rule 1 or 2 of :attr:`OpRecord.rule`).
     """
 
-    def __init__(self, trace: Trace, where, calls: _Calls):
+    def __init__(self, trace: Trace, where, calls: _Calls, own: _OwnCasts):
         super().__init__()
-        self.trace, self.where, self.calls = trace, where, calls
+        self.trace, self.where, self.calls, self.own = trace, where, calls, own
         self.from_cast: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> tensor
 
     def _marked(self, t) -> bool:
@@ -373,7 +412,7 @@ class _Recorder(TorchDispatchMode):
         fed = any(self._marked(t) for t in tensors_in)
         autocast_on = self.trace.dtype is not None and not self.calls.explicit
         if kind == "cast":
-            by_autocast = autocast_on
+            by_autocast = autocast_on and not self.own.passing
             if by_autocast:
                 self._mark(res)
         elif kind == "layout":
@@ -413,8 +452,8 @@ class _Tracer:
                     self.trace.types[label] = type(mod).__name__
                     handles.append(mod.register_forward_pre_hook(self._push(label)))
                     handles.append(mod.register_forward_hook(self._pop, always_call=True))
-            calls = _Calls()
-            with calls, _Recorder(self.trace, self.where, calls):
+            calls, own = _Calls(), _OwnCasts()
+            with own, calls, _Recorder(self.trace, self.where, calls, own):
                 yield self
         finally:
             for h in handles:
