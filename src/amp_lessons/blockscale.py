@@ -13,8 +13,8 @@ after scale small **blocks** along the dimension a matmul sums over (K):
   1x128 tiles for activations and gradients, 128x128 blocks for weights.
 
 Everything is emulated in float32 with integer codes, so it runs and gives the same
-answer on any device and torch release: e2m1 values are rounded here (torch has the
-``float4_e2m1fn_x2`` storage dtype but no casts to it), e8m0 scales are built from their
+answer on any device and torch release: e2m1 values are rounded here (torch's
+``float4_e2m1fn_x2`` is a storage dtype: two codes per byte), e8m0 scales are built from their
 bit patterns, and only the e4m3 cast is torch's (:func:`amp_lessons.fp8.saturating_cast`).
 
 Conventions: a block's **decode scale** ``X`` multiplies the stored element values back
@@ -25,12 +25,12 @@ Conventions: a block's **decode scale** ``X`` multiplies the stored element valu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .fp8 import EPS, saturating_cast
 from .formats import format_info
+from .fp8 import EPS, saturating_cast
 
 # -- e2m1: the 16 values of fp4 ------------------------------------------------------------------
 
@@ -269,8 +269,13 @@ class BlockTensor:
     block: tuple[int, int]
     scheme: Scheme
     tensor_scale: float
-    saturated: int  # values whose scaled magnitude passed the element's largest value
+    saturated_mask: torch.Tensor  # True where the scaled value was too large for the element
     codes: torch.Tensor | None = None  # e8m0 codes of the scales (MX schemes)
+
+    @property
+    def saturated(self) -> int:
+        """How many values the element format clamped (:func:`saturates`)."""
+        return int(self.saturated_mask.sum())
 
     def dequantize(self) -> torch.Tensor:
         """The values this tensor stands for, in float32."""
@@ -315,12 +320,11 @@ def quantize(x, scheme="MXFP8", rounding: str = "nearest", generator=None, rule=
         whole = x.abs().amax().double().clamp(min=EPS) if x.numel() else torch.tensor(EPS, dtype=torch.float64)
         tensor_scale = float(whole / (448.0 * top)) if s.tensor_scale else 1.0
         scales = saturating_cast((amax.double() / top / tensor_scale).float(), "fp8_e4m3").float()
-    view, size = _blocks(x, s.block)
+    size = _blocks(x, s.block)[1]
     inv = torch.where(scales > 0, 1.0 / (scales.double() * tensor_scale), torch.zeros((), dtype=torch.float64))
     scaled = (x.double() * _expand(inv, size, x.shape)).float()
-    saturated = int(saturates(scaled.abs(), s.element).sum())
     values = round_element(scaled, s.element, rounding, generator)
-    return BlockTensor(values, scales, size, s, tensor_scale, saturated, codes)
+    return BlockTensor(values, scales, size, s, tensor_scale, saturates(scaled.abs(), s.element), codes)
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -347,20 +351,57 @@ class Error:
     nonzero: int
 
 
-def error(tensors, scheme, rule=None) -> Error:
-    """:class:`Error` of ``scheme`` over ``tensors`` (one matrix, or several: their noise adds up)."""
+def error(tensors, scheme, rule=None, leave_out=None) -> Error:
+    """:class:`Error` of ``scheme`` over ``tensors`` (one matrix, or several: their noise adds
+    up). ``leave_out`` (one matrix only: a bool mask, True = left out) counts only the other
+    values; they are still quantized with the whole tensor."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
+    if leave_out is not None and (len(tensors) != 1 or leave_out.shape != tensors[0].shape):
+        raise ValueError("leave_out is a bool mask of the one tensor's shape (True = left out)")
     xs, qs, flushed, saturated = [], [], 0, 0
     for t in tensors:
         q = quantize(t, scheme, rule=rule)
         x, d = _as_matrix(t), q.dequantize()
+        over = q.saturated_mask
+        if leave_out is not None:
+            x, d, over = x[~leave_out], d[~leave_out], over[~leave_out]
         flushed += int(((x != 0) & (d == 0)).sum())
-        saturated += q.saturated
+        saturated += int(over.sum())
         xs.append(x.flatten())
         qs.append(d.flatten())
     x, d = torch.cat(xs), torch.cat(qs)
     return Error(get_scheme(scheme).name, sqnr_db(x, d), flushed, saturated, int((x != 0).sum()))
+
+
+def exact_values(shape, lo: int = -8, hi: int = 0, seed: int = 0) -> torch.Tensor:
+    """Values ``±(1 + k/8) * 2^e`` with ``e`` from ``lo`` to ``hi``, drawn from integers under
+    their own seed: every device and release gets the same numbers, exact in float32."""
+    g = torch.Generator().manual_seed(seed)
+    mant = 1 + torch.randint(0, 8, shape, generator=g).float() / 8
+    exp = torch.randint(lo, hi + 1, shape, generator=g)
+    sign = torch.randint(0, 2, shape, generator=g).float() * 2 - 1
+    return sign * mant * e8m0_decode((exp + 127).to(torch.uint8))
+
+
+def outlier_features(rows: int = 64, k: int = 256, column: int = 5, factor: float = 2.0**12, seed: int = 0):
+    """``(x, mask)``: activations of :func:`exact_values` whose input feature ``column`` is
+    ``factor`` times larger in every row (an outlier feature, as large language models grow);
+    ``mask`` marks that column, to leave it out of the error."""
+    x = exact_values((rows, k), seed=seed)
+    x[:, column] *= factor
+    mask = torch.zeros(rows, k, dtype=torch.bool)
+    mask[:, column] = True
+    return x, mask
+
+
+def with_scales(scheme, scale_format: str, rule: str = "floor") -> Scheme:
+    """``scheme`` with its scales stored another way (``"fp32"``: exact; ``"e8m0"`` with ``rule``)."""
+    if scale_format not in SCALE_FORMATS:
+        raise ValueError(f"scale_format must be one of {', '.join(SCALE_FORMATS)}; got {scale_format!r}")
+    s = get_scheme(scheme)
+    label = f"{s.name}, {scale_format} scales" + (f" ({rule})" if scale_format == "e8m0" else "")
+    return replace(s, name=label, scale_format=scale_format, rule=rule, tensor_scale=False)
 
 
 def error_table(groups: dict, schemes=tuple(SCHEMES)) -> dict:
@@ -534,10 +575,10 @@ def selfcheck(device=None) -> list:
 # -- which hardware runs what (a lookup) ---------------------------------------------------------------
 
 HARDWARE = (
-    ("a CPU", "none natively: torch's CPU _scaled_mm takes per-tensor and per-row fp8 scales and "
-     "dequantizes to float32; every block scheme here is emulated"),
-    ("Hopper (H100, H200: sm_90)", "fp8 tensor cores with per-tensor scales; DeepSeek-V3 ran 1x128 "
-     "and 128x128 scales in software on them, applying each block's scales while accumulating"),
+    ("a CPU", "none natively: torch's CPU _scaled_mm takes fp8 scales per tensor (and per row from "
+     "torch 2.13) and dequantizes to float32; every block scheme here is emulated"),
+    ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; DeepSeek-V3 ran "
+     "1x128 and 128x128 scales in software on H800s, applying them while accumulating"),
     ("Blackwell (B200: sm_100)", "MXFP8, MXFP4 and NVFP4 natively: the tensor cores read the block "
      "scales (e8m0, or e4m3 for NVFP4) themselves"),
 )
