@@ -157,6 +157,7 @@ _DEVICE_CHECKS = (
     ("error messages (lesson 06)", "errors", "selfcheck"),
     ("torch.distributed (lesson 07)", "distributed", "selfcheck"),
     ("fp8 (lesson 08)", "fp8", "selfcheck"),
+    ("block scales (lesson 09)", "blockscale", "selfcheck"),
 )
 
 
