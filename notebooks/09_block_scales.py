@@ -155,7 +155,7 @@ print("stored / exact block scale:", [round(r, 4) for r in ratio.tolist()],
 # ## Your network's tensors under seven schemes
 #
 # The digits MLP of the earlier lessons, with 256 hidden units so that 128-wide tiles fit
-# its hidden layers (the 64 pixels make one partial tile), trains 50 steps in float32. Then `record_operands` (lesson 08) keeps, for one batch and
+# its hidden layers (the 64 pixels make one partial tile), trains 30 steps in float32. Then `record_operands` (lesson 08) keeps, for one batch and
 # every `Linear`, its input, weight and output gradient. The first layer's input is the
 # pixels; the later layers' inputs are the activations.
 
@@ -168,7 +168,7 @@ from amp_lessons.training import Trainer
 
 data = digits()
 trainer = Trainer(mlp(64, 256, 10, depth=2), data, precision="fp32", device=device, lr=5e-3)
-history = trainer.fit(50)
+history = trainer.fit(30)
 x, y = (t.to(device) for t in data.batch(50, 64))
 operands = record_operands(trainer.model, x, y)
 groups = {"inputs": [operands[0].input], "activations": [o.input for o in operands[1:]],
@@ -385,7 +385,7 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
 # scales; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale), dequantizes, and multiplies
 # in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
 # output gradient is rounded to nearest, or stochastically. The same MLP, from the same
-# weights, 200 steps each; **predict:** does 4 bits keep up?
+# weights, 150 steps each; **predict:** does 4 bits keep up?
 
 # %%
 import copy
@@ -399,7 +399,7 @@ runs, accuracy = {}, {}
 for label in (baseline, "mxfp8", "nvfp4", "nvfp4 + stochastic grads"):
     model = copy.deepcopy(start) if label == baseline else convert_to_blocks(copy.deepcopy(start), label)
     t = Trainer(model, data, precision=baseline if label == baseline else "fp32", device=device, lr=5e-3)
-    runs[label] = t.fit(200)
+    runs[label] = t.fit(150)
     accuracy[label] = t.evaluate()
     print(f"{label:<25} loss {measured(runs[label]['loss'][-1])}, test accuracy {measured(accuracy[label])}")
 print(model)
