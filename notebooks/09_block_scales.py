@@ -19,16 +19,16 @@
 # Lesson 08 gave every tensor, or every row, one float32 scale. The recipes that came next
 # scale small **blocks** of values along the dimension a matmul sums over:
 #
-# - **MXFP8**: blocks of 32 e4m3 values, each block with a power-of-two scale stored in one
-#   byte as **e8m0**. **MXFP4** is the same with 4-bit **e2m1** values.
+# - **MXFP8**: blocks of 32 e4m3 (or e5m2) values, each block with a power-of-two scale
+#   stored in one byte as **e8m0**. **MXFP4** is the same with 4-bit **e2m1** values.
 # - **NVFP4**: blocks of 16 e2m1 values, each block scaled by an e4m3 number, under one
 #   float32 scale for the whole tensor.
 # - **1x128 and 128x128**: DeepSeek-V3's fp8 recipe: e4m3 values, a float32 scale per 1x128
 #   tile of activations and per 128x128 block of weights.
 #
-# Blackwell GPUs run MXFP8 and NVFP4 natively; Hopper runs fp8 with a scale per tensor or per row. Here
-# every scheme is emulated with integer codes and float32, so every number below is real on
-# any device, and the exact ones are the same everywhere. You will see:
+# Blackwell GPUs run MXFP8 and NVFP4 natively; Hopper runs fp8 with a scale per tensor or
+# per row. Here every scheme is emulated with integer codes and float32, so every number
+# below is real on any device, and the exact ones are the same everywhere. You will see:
 #
 # - e2m1's 16 values, how two of them share a byte, and e8m0's powers of two;
 # - your network's tensors under seven schemes, and an outlier feature under each;
@@ -74,8 +74,9 @@ for code in range(16):
 
 # %% [markdown]
 # Eight magnitudes (one of them zero, twice: +0 and -0), up to 6, with 0.5 the only
-# subnormal. Between 4 and 6 there is nothing. A value is rounded to the nearest of them,
-# a tie going to the even code, and anything above 6 saturates to 6:
+# subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
+# them, a tie going to the even code (round-to-nearest-even, as a cast does), and anything
+# above 6 saturates to 6:
 
 # %%
 from amp_lessons.blockscale import round_e2m1
@@ -87,7 +88,7 @@ print("out:", round_e2m1(ties).tolist())
 # %% [markdown]
 # Two 4-bit codes go in one byte. torch's dtype for that byte is `float4_e2m1fn_x2`: the
 # first value of each pair in the low four bits, the second in the high four
-# (c10/util/Float4_e2m1fn_x2.h). **Predict** the byte for the pair (1.0, -6.0):
+# (`c10/util/Float4_e2m1fn_x2.h`; `torch/headeronly/util/` in newer releases). **Predict** the byte for the pair (1.0, -6.0):
 
 # %%
 from amp_lessons.blockscale import as_float4_x2, e2m1_codes, pack_fp4, unpack_fp4
@@ -122,7 +123,7 @@ print("torch's float8_e8m0fnu reads the same:",
 # `X = amax / 6` for e2m1, puts amax on 6. A power of two can only come within a factor of 2
 # of it, and which power matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
 # (2 is the exponent of e2m1's largest value, 8 for e4m3's 448): amax lands between 4 and 8,
-# so amax above 6 saturates. cuBLAS's rule, "rceil", takes the smallest power of two that
+# and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two that
 # saturates nothing. **Predict** what each does to this block of e2m1 values:
 
 # %%
@@ -137,9 +138,10 @@ for scheme in ("MXFP4", with_scales("MXFP4", "e8m0", "rceil"), with_scales("MXFP
 # %% [markdown]
 # The OCP rule keeps X = 1 and clamps 7 to 6. rceil takes X = 2: nothing saturates, but
 # 7 / 2 = 3.5 is a tie that rounds to 4 (read back as 8), and 0.3 and -0.2 fall to zero.
-# The exact scale, 7/6, is no power of two. NVFP4 stores its block scales in e4m3 instead: 3 mantissa bits, so a
-# stored scale is within 1/16 of the exact one, not within a factor of 2. Here two blocks of
-# 16, the second with amax 1.3:
+# The exact scale, 7/6, is no power of two. NVFP4 stores its block scales in e4m3 instead:
+# 3 mantissa bits, so a stored scale is within 1/16 of the exact one (while it stays in
+# e4m3's normal range), not within a factor of 2. Here two blocks of 16, the second with
+# amax 1.3:
 
 # %%
 two_blocks = torch.cat([torch.full((16,), 5.0), torch.full((16,), 1.3)]).reshape(1, 32)
@@ -155,8 +157,9 @@ print("stored / exact block scale:", [round(r, 4) for r in ratio.tolist()],
 # ## Your network's tensors under seven schemes
 #
 # The digits MLP of the earlier lessons, with 256 hidden units so that 128-wide tiles fit
-# its hidden layers (the 64 pixels make one partial tile), trains 30 steps in float32. Then `record_operands` (lesson 08) keeps, for one batch and
-# every `Linear`, its input, weight and output gradient. The first layer's input is the
+# its hidden layers (the 64 pixels make one partial tile), trains 30 steps in float32.
+# Then `record_operands` (lesson 08) keeps, for one batch and every `Linear`, its input,
+# weight and output gradient. The first layer's input is the
 # pixels; the later layers' inputs are the activations.
 
 # %%
@@ -228,7 +231,7 @@ print(at_most("NVFP4 saturates at most 0.1% of any kind",
               max(row["NVFP4"].saturated / row["NVFP4"].nonzero for row in table.values()), 1e-3, ".2g"))
 
 # %% [markdown]
-# NVFP4 beats MXFP4 for two reasons: half the block size, and a scale with a mantissa. How
+# NVFP4 differs from MXFP4 in two ways: half the block size, and a scale with a mantissa. How
 # much of MXFP4's loss is the power-of-two scale alone? The same 1x32 e2m1 blocks with exact
 # float32 scales, and the ratio of each e8m0 scale to the exact one:
 
@@ -255,7 +258,8 @@ for rule in ("floor", "rceil"):
 #
 # ## An outlier feature
 #
-# Large language models grow a few input features far larger than the rest, in every token.
+# Large language models grow a few input features far larger than the rest, in every token
+# (Dettmers et al., LLM.int8()).
 # Here a 64 x 256 activation of exact values (`±(1 + k/8) * 2^e`, e from -8 to 0, drawn from
 # integers, so the counts below are the same everywhere) whose feature 5 is `2^12` times
 # larger. **Predict:** per-row scales rescued lesson 08's outlier *row*; do they rescue an
@@ -275,16 +279,20 @@ print(check("every row holds the outlier, so per row flushes more than 1x128 til
             f"{outlier['per row'].flushed} > {outlier['1x128'].flushed} > {outlier['MXFP8'].flushed}"))
 print(check("a 32-value block confines the outlier: MXFP8 flushes under 1% of the others, per tensor over 20%",
             outlier["MXFP8"].flushed < 0.01 * 16320 < 0.2 * 16320 < outlier["per tensor"].flushed))
+d = quantize(acts, "MXFP8").dequantize()
+lost = (acts != 0) & (d == 0) & ~feature
+print(f"MXFP8's flushed values in the outlier's block (features 0-31): {int(lost[:, :32].sum())}, "
+      f"in the other 7 blocks: {int(lost[:, 32:].sum())}")
 
 # %% [markdown]
-# Only the blocks that hold the outlier lose their small values: one block of 32 in 8
-# along each row for MXFP8, one tile of 128 in 2 for 1x128. No per-row scale can do that.
+# Only the blocks that hold the outlier lose their small values: for MXFP8, one block of
+# 32 in 8 along each row (the count above). No per-row scale can do that.
 # DeepSeek-V3's report gives outliers as the reason for its 1x128 activation tiles.
 #
 # ## The block-scaled matmul, exactly
 #
-# A block-scaled kernel multiplies the stored element values block by block along K, scales
-# each block's partial product by its two scales, and sums. `block_mm` computes exactly that
+# A block-scaled kernel computes, in effect: the stored element values multiplied block by
+# block along K, each block's partial product scaled by its two scales, and the sum. `block_mm` computes exactly that
 # in float32; the reference is dequantize-then-matmul. With values MXFP8 holds exactly (rceil
 # scales, so nothing saturates) and power-of-two scales, every product and sum below is
 # exact, so **predict**: bit for bit?
@@ -370,9 +378,9 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
             not any(s.saturated for s in m5) and all(s.flushed for s in m5), f"{min(s.flushed for s in m5)} to {max(s.flushed for s in m5)} a step"))
 
 # %% [markdown]
-# The first step casts with scale 1 (there is no history yet), hence its flushes. Then
-# delayed scaling matches current scaling until the spike, which it cannot see coming: the
-# spike saturates. For the next `amax_history_len` steps the history's largest amax is the
+# The first step casts with scale 1 (there is no history yet), hence its flushes. Then, like
+# current scaling, delayed scaling flushes and saturates nothing until the spike, which it
+# cannot see coming: the spike saturates. For the next `amax_history_len` steps the history's largest amax is the
 # spike's, so every step casts with the spike's small scale and flushes its smallest values.
 # A margin of 5 (2^5 = 32, more than the spike's jump) keeps the spike in range, at the price
 # of 5 powers of two on every step. Transformer Engine also has current scaling
@@ -418,8 +426,8 @@ from amp_lessons.blockplots import block_training
 block_training(runs)
 
 # %% [markdown]
-# On this small network both 4-bit runs keep up. Large models are less forgiving: NVIDIA's
-# NVFP4 training recipe also keeps some layers in higher precision, applies random Hadamard
+# On this small network both 4-bit runs keep up. NVIDIA's NVFP4 recipe for large language
+# models also keeps some layers in higher precision, applies random Hadamard
 # transforms to the weight-gradient inputs and uses 16x16 blocks for weights, none of which
 # is here. One ingredient of it is: **stochastic rounding** of the gradients. Why? A
 # gradient block whose largest value lands on 6 and whose other values are 0.2, below half
@@ -502,9 +510,9 @@ else:
 #
 # - The OCP rule, `2^(floor(log2 amax) - emax)`, saturates the top of a block; rceil does
 #   not. Know which one your kernel's quantizer uses.
-# - A power-of-two scale is up to a factor of 2 from the exact one: fine for e4m3, costly
-#   for e2m1.
-# - `margin` buys headroom for spikes with precision on every step.
+# - A power-of-two scale is up to a factor of 2 from the exact one; here it cost MXFP4
+#   between 0 and 6 dB against exact scales (the verdict above).
+# - `margin` buys headroom for spikes with range at the bottom, on every step.
 # - Round-to-nearest in 4 bits drops small gradient values every step; round gradients
 #   stochastically.
 #
@@ -552,6 +560,9 @@ check_e8m0_code(my_e8m0_code)
 #   (`nvte_delayed_scaling_recipe_amax_and_scale_update`), `Float8CurrentScaling`,
 #   `Float8BlockScaling`, `MXFP8BlockScaling` and `NVFP4BlockScaling` (the last two for
 #   Blackwell).
+# - Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale"
+#   (arXiv 2208.07339): outlier features, a few input dimensions far larger than the rest.
+# - Lesson 08 and `amp_lessons.fp8` for torch's CPU `_scaled_mm` (aten/src/ATen/native/Blas.cpp).
 # - DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 3.3: fp8
 #   training on H800 with 1x128 tiles for activations and 128x128 blocks for weights, scales
 #   applied while accumulating on CUDA cores.

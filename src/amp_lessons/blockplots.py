@@ -63,8 +63,8 @@ def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = N
     if spike_at is not None:
         for ax in (left, right):
             ax.axvline(spike_at, color="grey", lw=0.6, ls=":")
-    fig.suptitle("delayed scaling casts with yesterday's scale: the spike saturates, then its memory "
-                 "flushes small values for as long as the history holds it", fontsize=10)
+    fig.suptitle("delayed scaling casts with a scale from earlier steps: the spike saturates, then "
+                 "keeps the scale small for as long as the history holds it", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
