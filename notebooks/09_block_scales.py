@@ -557,9 +557,11 @@ check_e8m0_code(my_e8m0_code)
 #   `ScaleCalculationMode.RCEIL`; `FLOOR` is the OCP rule).
 # - Transformer Engine, Common API: `DelayedScaling(margin=0, amax_history_len=1024,
 #   amax_compute_algo="max")`, the scale `fmt.max / amax / 2^margin`
-#   (`nvte_delayed_scaling_recipe_amax_and_scale_update`), `Float8CurrentScaling`,
-#   `Float8BlockScaling`, `MXFP8BlockScaling` and `NVFP4BlockScaling` (the last two for
-#   Blackwell).
+#   (`nvte_delayed_scaling_recipe_amax_and_scale_update`; in PyTorch,
+#   `transformer_engine/pytorch/quantization.py`'s `_default_sf_compute`, which keeps the
+#   previous scale when the amax is 0 or not finite; older releases rounded the scale
+#   down to a power of two), `Float8CurrentScaling`, `Float8BlockScaling`, and its MXFP8
+#   page: "native hardware acceleration on Blackwell GPUs (SM 10.0+)".
 # - Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale"
 #   (arXiv 2208.07339): outlier features, a few input dimensions far larger than the rest.
 # - Lesson 08 and `amp_lessons.fp8` for torch's CPU `_scaled_mm` (aten/src/ATen/native/Blas.cpp).

@@ -11,7 +11,8 @@ and records this step's amax afterwards:
 - ``scale = fmt.max / amax / 2^margin`` (TE's ``margin``, default 0): a margin of m leaves
   m powers of two of headroom above the amax seen so far;
 - the first step casts with scale 1, and a step whose reduced amax is 0 or not finite
-  keeps the previous scale (TE's update does both).
+  keeps the previous scale (TE's ``_default_sf_compute``; its older releases also rounded
+  the scale down to a power of two, which is left out here).
 
 A spike larger than everything in the history saturates on the step it arrives; the
 history then holds it for ``history_len`` steps, and every step in between casts with a
