@@ -88,7 +88,8 @@ print("out:", round_e2m1(ties).tolist())
 # %% [markdown]
 # Two 4-bit codes go in one byte. torch's dtype for that byte is `float4_e2m1fn_x2`: the
 # first value of each pair in the low four bits, the second in the high four
-# (`c10/util/Float4_e2m1fn_x2.h`; `torch/headeronly/util/` in newer releases). **Predict** the byte for the pair (1.0, -6.0):
+# (`c10/util/Float4_e2m1fn_x2.h`; `torch/headeronly/util/` in newer releases).
+# **Predict** the byte for the pair (1.0, -6.0):
 
 # %%
 from amp_lessons.blockscale import as_float4_x2, e2m1_codes, pack_fp4, unpack_fp4
@@ -123,8 +124,8 @@ print("torch's float8_e8m0fnu reads the same:",
 # `X = amax / 6` for e2m1, puts amax on 6. A power of two can only come within a factor of 2
 # of it, and which power matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
 # (2 is the exponent of e2m1's largest value, 8 for e4m3's 448): amax lands between 4 and 8,
-# and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two that
-# saturates nothing. **Predict** what each does to this block of e2m1 values:
+# and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two
+# that saturates nothing. **Predict** what each does to this block of e2m1 values:
 
 # %%
 from amp_lessons.blockscale import quantize, with_scales
@@ -159,8 +160,8 @@ print("stored / exact block scale:", [round(r, 4) for r in ratio.tolist()],
 # The digits MLP of the earlier lessons, with 256 hidden units so that 128-wide tiles fit
 # its hidden layers (the 64 pixels make one partial tile), trains 30 steps in float32.
 # Then `record_operands` (lesson 08) keeps, for one batch and every `Linear`, its input,
-# weight and output gradient. The first layer's input is the
-# pixels; the later layers' inputs are the activations.
+# weight and output gradient. The first layer's input is the pixels; the later layers'
+# inputs are the activations.
 
 # %%
 from amp_lessons.claims import measured
@@ -204,10 +205,10 @@ scheme_bars(table)
 # %% [markdown]
 # The element format sets the level: the e2m1 schemes trail every e4m3 one by more than a
 # bit's 6 dB (the verdicts below). (The inputs are pixels, multiples of 1/16, which e4m3
-# holds exactly under a power-of-two scale: MXFP8 errs there only where it saturates.) A float's rounding error is relative to the value, so
-# for e4m3 a finer scale changes little while the values stay in its normal range. What it
-# changes is the bottom and the top of the range: the values flushed to zero, and those
-# saturated:
+# holds exactly under a power-of-two scale: MXFP8 errs there only where it saturates.) A
+# float's rounding error is relative to the value, so for e4m3 a finer scale changes little
+# while the values stay in its normal range. What it changes is the bottom and the top of
+# the range: the values flushed to zero, and those saturated:
 
 # %%
 for what in ("flushed", "saturated"):
@@ -259,11 +260,11 @@ for rule in ("floor", "rceil"):
 # ## An outlier feature
 #
 # Large language models grow a few input features far larger than the rest, in every token
-# (Dettmers et al., LLM.int8()).
-# Here a 64 x 256 activation of exact values (`±(1 + k/8) * 2^e`, e from -8 to 0, drawn from
-# integers, so the counts below are the same everywhere) whose feature 5 is `2^12` times
-# larger. **Predict:** per-row scales rescued lesson 08's outlier *row*; do they rescue an
-# outlier *column*? The counts are of the other 16,320 values:
+# (Dettmers et al., LLM.int8()). Here a 64 x 256 activation of exact values
+# (`±(1 + k/8) * 2^e`, e from -8 to 0, drawn from integers, so the counts below are the same
+# everywhere) whose feature 5 is `2^12` times larger. **Predict:** per-row scales rescued
+# lesson 08's outlier *row*; do they rescue an outlier *column*? The counts are of the
+# other 16,320 values:
 
 # %%
 from amp_lessons.blockscale import outlier_features
@@ -292,10 +293,10 @@ print(f"MXFP8's flushed values in the outlier's block (features 0-31): {int(lost
 # ## The block-scaled matmul, exactly
 #
 # A block-scaled kernel computes, in effect: the stored element values multiplied block by
-# block along K, each block's partial product scaled by its two scales, and the sum. `block_mm` computes exactly that
-# in float32; the reference is dequantize-then-matmul. With values MXFP8 holds exactly (rceil
-# scales, so nothing saturates) and power-of-two scales, every product and sum below is
-# exact, so **predict**: bit for bit?
+# block along K, each block's partial product scaled by its two scales, and the sum.
+# `block_mm` computes exactly that in float32; the reference is dequantize-then-matmul.
+# With values MXFP8 holds exactly (rceil scales, so nothing saturates) and power-of-two
+# scales, every product and sum below is exact, so **predict**: bit for bit?
 
 # %%
 from amp_lessons.blockscale import accumulation_bound, block_mm, exact_values, reference_mm
@@ -380,8 +381,9 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
 # %% [markdown]
 # The first step casts with scale 1 (there is no history yet), hence its flushes. Then, like
 # current scaling, delayed scaling flushes and saturates nothing until the spike, which it
-# cannot see coming: the spike saturates. For the next `amax_history_len` steps the history's largest amax is the
-# spike's, so every step casts with the spike's small scale and flushes its smallest values.
+# cannot see coming: the spike saturates. For the next `amax_history_len` steps the
+# history's largest amax is the spike's, so every step casts with the spike's small scale
+# and flushes its smallest values.
 # A margin of 5 (2^5 = 32, more than the spike's jump) keeps the spike in range, at the price
 # of 5 powers of two on every step. Transformer Engine also has current scaling
 # (`Float8CurrentScaling`) and block recipes, whose scales come from the tensor being cast.
@@ -427,9 +429,9 @@ block_training(runs)
 
 # %% [markdown]
 # On this small network both 4-bit runs keep up. NVIDIA's NVFP4 recipe for large language
-# models also keeps some layers in higher precision, applies random Hadamard
-# transforms to the weight-gradient inputs and uses 16x16 blocks for weights, none of which
-# is here. One ingredient of it is: **stochastic rounding** of the gradients. Why? A
+# models also keeps some layers in higher precision, applies random Hadamard transforms to
+# the weight-gradient inputs and uses 16x16 blocks for weights, none of which is here. One
+# ingredient is: **stochastic rounding** of the gradients. Why? A
 # gradient block whose largest value lands on 6 and whose other values are 0.2, below half
 # of e2m1's smallest step:
 
