@@ -555,8 +555,10 @@ check_e8m0_code(my_e8m0_code)
 #   2025): 16-value blocks of e2m1, e4m3 block scales, a float32 tensor scale; "Pretraining
 #   Large Language Models with NVFP4" (arXiv 2509.25149): stochastic rounding of gradients,
 #   random Hadamard transforms, 16x16 weight blocks, some layers kept in higher precision.
-# - cuBLAS documentation, "1D block quantization": the rceil rule for e8m0 scales (torchao's
-#   `ScaleCalculationMode.RCEIL`; `FLOOR` is the OCP rule).
+# - cuBLAS documentation, "1D block quantization": block-scaled fp8 and fp4 matmuls on
+#   Blackwell, with e8m0 (MX) or e4m3 (NVFP4) scales in the 128 x 4 tile layout `to_blocked`
+#   writes, and the rceil rule for e8m0 scales (torchao's `ScaleCalculationMode.RCEIL`;
+#   `FLOOR` is the OCP rule).
 # - Transformer Engine, Common API: `DelayedScaling(margin=0, amax_history_len=1024,
 #   amax_compute_algo="max")`, the scale `fmt.max / amax / 2^margin`
 #   (`nvte_delayed_scaling_recipe_amax_and_scale_update`; in PyTorch,
