@@ -35,6 +35,8 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
   ``python -m amp_lessons dist`` (07); ``dist_worker`` is what each rank runs
 - ``fp8``        amax scales per tensor and per row, quantize, the census in e4m3/e5m2,
   ``torch._scaled_mm``, a minimal fp8 linear layer (08)
+- ``blockscale`` e2m1/e8m0, MXFP8/MXFP4/NVFP4 and 1x128/128x128 blocks, the block-scaled matmul
+  (09); ``delayed``, ``blocktrain``, ``blockplots``, ``block_exercise``: its scaling, layers, figures, checker
 """
 
 from .hardware import hardware_report, pick_device

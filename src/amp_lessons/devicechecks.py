@@ -18,6 +18,7 @@ from functools import partial
 import torch
 
 from . import claims, distributed, errors, fp8
+from .blockscale import block_kernel_check
 from .claims import check, measured
 from .exercises import dtype_exercise
 from .hardware import Machine, pick_device, resolve_machine
@@ -240,6 +241,22 @@ def compare_simulated(device=None, dtypes=None) -> list:
 
 # --- every device check, by topic ----------------------------------------------------------
 
+# --- lesson 09: the real block-scaled kernel ------------------------------------------------------
+
+
+def blockscale_verdicts(device=None) -> list:
+    """Lesson 09's device statement, checked on ``device``: where a GPU runs block scales, the
+    real MXFP8 kernel equals dequantize-then-matmul on exact inputs; elsewhere one verdict says
+    what was skipped and why."""
+    result = block_kernel_check(device)
+    if result.skipped is not None:
+        return [check("the real MXFP8 block-scaled kernel was skipped here (the lesson emulates it)",
+                      True, result.skipped)]
+    return [check("the real MXFP8 kernel (F.scaled_mm, 1x32 e8m0 scales) equals dequantize-then-matmul "
+                  "on exact inputs", bool(result.equal), f"largest difference {result.max_diff:g}"),
+            check("and is within the float32 accumulation bound", bool(result.within_bound))]
+
+
 CHECKS = (
     ("hardware", hardware_verdicts),
     ("matmul precision (lessons 01, 05)", matmul_verdicts),
@@ -247,6 +264,7 @@ CHECKS = (
     ("error messages (lesson 06)", errors.selfcheck),
     ("torch.distributed (lesson 07)", distributed.selfcheck),
     ("fp8 (lesson 08)", fp8.selfcheck),
+    ("block scales (lesson 09)", blockscale_verdicts),
 )
 
 

@@ -1,0 +1,574 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Block scales: MXFP8, NVFP4, and training below 8 bits
+#
+# Lesson 08 gave every tensor, or every row, one float32 scale. The recipes that came next
+# scale small **blocks** of values along the dimension a matmul sums over:
+#
+# - **MXFP8**: blocks of 32 e4m3 (or e5m2) values, each block with a power-of-two scale
+#   stored in one byte as **e8m0**. **MXFP4** is the same with 4-bit **e2m1** values.
+# - **NVFP4**: blocks of 16 e2m1 values, each block scaled by an e4m3 number, under one
+#   float32 scale for the whole tensor.
+# - **1x128 and 128x128**: DeepSeek-V3's fp8 recipe: e4m3 values, a float32 scale per 1x128
+#   tile of activations and per 128x128 block of weights.
+#
+# Blackwell GPUs run MXFP8 and NVFP4 natively; Hopper runs fp8 with a scale per tensor or
+# per row. Here every scheme is emulated with integer codes and float32, so every number
+# below is real on any device, and the exact ones are the same everywhere. You will see:
+#
+# - e2m1's 16 values, how two of them share a byte, and e8m0's powers of two;
+# - your network's tensors under seven schemes, and an outlier feature under each;
+# - the block-scaled matmul against dequantize-then-matmul;
+# - delayed scaling against current scaling on a spike;
+# - MXFP8 and NVFP4 linear layers trained against bf16, and what stochastic rounding keeps.
+
+# %%
+# Setup, the same in every lesson: on Colab, install the course package first.
+import importlib.util
+import subprocess
+import sys
+
+REPO = "https://github.com/amp-lessons/amp-lessons"
+if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
+    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+
+import torch
+
+import amp_lessons
+
+amp_lessons.seed_everything(0)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = amp_lessons.pick_device()
+report = amp_lessons.hardware_report()
+print(f"device {device} ({report.name}), torch {report.torch_version}")
+
+# %% [markdown]
+# ## e2m1: sixteen values
+#
+# fp4's **e2m1** has a sign bit, 2 exponent bits and 1 mantissa bit: 16 codes in all.
+# **Predict:** how many different magnitudes is that, and what is the largest?
+
+# %%
+from amp_lessons.blockscale import e2m1_values
+
+values = e2m1_values()
+for code in range(16):
+    print(f"code {code:>2}  bits {code:04b}  value {values[code].item():g}")
+
+# %% [markdown]
+# Eight magnitudes (one of them zero, twice: +0 and -0), up to 6, with 0.5 the only
+# subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
+# them, a tie going to the even code (round-to-nearest-even, as a cast does), and anything
+# above 6 saturates to 6:
+
+# %%
+from amp_lessons.blockscale import round_e2m1
+
+ties = torch.tensor([0.25, 0.75, 1.25, 2.5, 5.0, 6.5, 100.0])
+print("in: ", ties.tolist())
+print("out:", round_e2m1(ties).tolist())
+
+# %% [markdown]
+# Two 4-bit codes go in one byte. torch's dtype for that byte is `float4_e2m1fn_x2`: the
+# first value of each pair in the low four bits, the second in the high four
+# (`c10/util/Float4_e2m1fn_x2.h`; `torch/headeronly/util/` in newer releases).
+# **Predict** the byte for the pair (1.0, -6.0):
+
+# %%
+from amp_lessons.blockscale import as_float4_x2, e2m1_codes, pack_fp4, unpack_fp4
+
+codes = e2m1_codes(torch.tensor([1.0, -6.0]))
+packed = pack_fp4(codes)
+print("codes", codes.tolist(), "-> byte", f"0x{packed.item():02X}", f"= {packed.item():08b}")
+print("unpacked again:", unpack_fp4(packed).tolist())
+fp4 = as_float4_x2(packed)
+print("as torch's dtype:", "not in this release" if fp4 is None else f"{fp4.dtype}, {fp4.element_size()} byte for 2 values")
+
+# %% [markdown]
+# ## e8m0: a scale that is only an exponent
+#
+# An MX block's scale is **e8m0**: 8 exponent bits, no sign, no mantissa. Code `c` means
+# `2^(c - 127)`; code 255 is NaN, and there is no zero. torch has the dtype
+# (`float8_e8m0fnu`); `e8m0_decode` builds the same values from float32 bit patterns:
+
+# %%
+from amp_lessons.blockscale import as_float8_e8m0, e8m0_decode
+
+probe = torch.tensor([0, 1, 126, 127, 128, 254, 255], dtype=torch.uint8)
+mine = e8m0_decode(probe)
+for c, v in zip(probe.tolist(), mine.tolist()):
+    print(f"code {c:>3}: {v:g}" + (f" = 2^{c - 127}" if c < 255 else ""))
+theirs = as_float8_e8m0(probe)
+print("torch's float8_e8m0fnu reads the same:",
+      "no such dtype here" if theirs is None else torch.equal(theirs.float().nan_to_num(-1), mine.nan_to_num(-1)))
+
+# %% [markdown]
+# A block's scale `X` is chosen from its largest magnitude (amax). The exact choice,
+# `X = amax / 6` for e2m1, puts amax on 6. A power of two can only come within a factor of 2
+# of it, and which power matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
+# (2 is the exponent of e2m1's largest value, 8 for e4m3's 448): amax lands between 4 and 8,
+# and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two
+# that saturates nothing. **Predict** what each does to this block of e2m1 values:
+
+# %%
+from amp_lessons.blockscale import quantize, with_scales
+
+block = torch.tensor([[7.0, 5.0, 2.5, 1.0, 0.3, -0.2]])
+for scheme in ("MXFP4", with_scales("MXFP4", "e8m0", "rceil"), with_scales("MXFP4", "fp32")):
+    q = quantize(block, scheme)
+    print(f"{q.scheme.name:<26} X = {q.scales.item():<9.6g} stored {q.values.tolist()}, "
+          f"read back {[round(v, 4) for v in q.dequantize().flatten().tolist()]}, saturated {q.saturated}")
+
+# %% [markdown]
+# The OCP rule keeps X = 1 and clamps 7 to 6. rceil takes X = 2: nothing saturates, but
+# 7 / 2 = 3.5 is a tie that rounds to 4 (read back as 8), and 0.3 and -0.2 fall to zero.
+# The exact scale, 7/6, is no power of two. NVFP4 stores its block scales in e4m3 instead:
+# 3 mantissa bits, so a stored scale is within 1/16 of the exact one (while it stays in
+# e4m3's normal range), not within a factor of 2. Here two blocks of 16, the second with
+# amax 1.3:
+
+# %%
+two_blocks = torch.cat([torch.full((16,), 5.0), torch.full((16,), 1.3)]).reshape(1, 32)
+q = quantize(two_blocks, "NVFP4")
+exact = two_blocks.reshape(2, 16).amax(dim=1) / 6
+stored = q.scales.flatten().double() * q.tensor_scale
+ratio = stored / exact.double()
+print(f"tensor scale {q.tensor_scale:.6g} = amax / (448 * 6); e4m3 block scales {q.scales.flatten().tolist()}")
+print("stored / exact block scale:", [round(r, 4) for r in ratio.tolist()],
+      "within 1/16:", bool(((ratio - 1).abs() <= 1 / 16).all()))
+
+# %% [markdown]
+# ## Your network's tensors under seven schemes
+#
+# The digits MLP of the earlier lessons, with 256 hidden units so that 128-wide tiles fit
+# its hidden layers (the 64 pixels make one partial tile), trains 30 steps in float32.
+# Then `record_operands` (lesson 08) keeps, for one batch and every `Linear`, its input,
+# weight and output gradient. The first layer's input is the pixels; the later layers'
+# inputs are the activations.
+
+# %%
+from amp_lessons.claims import measured
+from amp_lessons.data import digits
+from amp_lessons.fp8 import record_operands
+from amp_lessons.models import mlp
+from amp_lessons.training import Trainer
+
+data = digits()
+trainer = Trainer(mlp(64, 256, 10, depth=2), data, precision="fp32", device=device, lr=5e-3)
+history = trainer.fit(30)
+x, y = (t.to(device) for t in data.batch(50, 64))
+operands = record_operands(trainer.model, x, y)
+groups = {"inputs": [operands[0].input], "activations": [o.input for o in operands[1:]],
+          "weights": [o.weight for o in operands], "gradients": [o.grad_output for o in operands]}
+for kind, tensors in groups.items():
+    print(f"{kind:<12} {[tuple(t.shape) for t in tensors]}")
+
+# %% [markdown]
+# Each tensor is cut into blocks along its last dimension and quantized under each scheme:
+# per tensor and per row (lesson 08's, e4m3), 1x128 tiles and 128x128 blocks (e4m3, float32
+# scales), MXFP8 (1x32 e4m3, e8m0 scales by the OCP rule), MXFP4 (1x32 e2m1, e8m0) and NVFP4
+# (1x16 e2m1, e4m3 scales, float32 tensor scale). The error is the **signal-to-quantization-
+# noise ratio**, `10 log10(sum x² / sum (x - x̂)²)` in dB: higher is better, and one bit of
+# precision is worth about 6 dB. **Predict:** which schemes come out on top, and by how much
+# does 4 bits trail 8?
+
+# %%
+from amp_lessons.blockscale import SCHEMES, error_table
+
+table = error_table(groups)
+print(f"{'':<12}" + "".join(f"{s:>12}" for s in SCHEMES))
+for kind, row in table.items():
+    print(f"{kind:<12}" + "".join(f"{measured(e.sqnr, '.1f') + ' dB':>12}" for e in row.values()))
+
+# %%
+from amp_lessons.blockplots import scheme_bars
+
+scheme_bars(table)
+
+# %% [markdown]
+# The element format sets the level: the e2m1 schemes trail every e4m3 one by more than a
+# bit's 6 dB (the verdicts below). (The inputs are pixels, multiples of 1/16, which e4m3
+# holds exactly under a power-of-two scale: MXFP8 errs there only where it saturates.) A
+# float's rounding error is relative to the value, so for e4m3 a finer scale changes little
+# while the values stay in its normal range. What it changes is the bottom and the top of
+# the range: the values flushed to zero, and those saturated:
+
+# %%
+for what in ("flushed", "saturated"):
+    print(f"{what + ', %':<12}" + "".join(f"{s:>12}" for s in SCHEMES))
+    for kind, row in table.items():
+        print(f"{kind:<12}" + "".join(f"{measured(100 * getattr(e, what) / e.nonzero, '.2f') + '%':>12}"
+                                      for e in row.values()))
+
+# %%
+from amp_lessons.claims import at_least, at_most, between, check
+
+grads = table["gradients"]
+print(at_most("MXFP8's 32-value blocks flush at most half as many gradient values as one scale per tensor",
+              grads["MXFP8"].flushed / max(grads["per tensor"].flushed, 1), 0.5))
+nv_minus_mx = min(row["NVFP4"].sqnr - row["MXFP4"].sqnr for row in table.values())
+print(at_least("NVFP4 keeps at least 0.5 dB more than MXFP4 for every kind of tensor", nv_minus_mx, 0.5, ".2f"))
+gap = min(min(e.sqnr for s, e in row.items() if SCHEMES[s].element == "e4m3")
+          - max(e.sqnr for s, e in row.items() if SCHEMES[s].element == "e2m1") for row in table.values())
+print(at_least("for every kind, the worst e4m3 scheme beats the best e2m1 one by at least 6 dB", gap, 6.0, ".1f"))
+print(at_most("NVFP4 saturates at most 0.1% of any kind",
+              max(row["NVFP4"].saturated / row["NVFP4"].nonzero for row in table.values()), 1e-3, ".2g"))
+
+# %% [markdown]
+# NVFP4 differs from MXFP4 in two ways: half the block size, and a scale with a mantissa. How
+# much of MXFP4's loss is the power-of-two scale alone? The same 1x32 e2m1 blocks with exact
+# float32 scales, and the ratio of each e8m0 scale to the exact one:
+
+# %%
+from amp_lessons.blockscale import error, scale_ratios
+
+exact_scales = with_scales("MXFP4", "fp32")
+cost = {kind: error(ts, exact_scales).sqnr - table[kind]["MXFP4"].sqnr for kind, ts in groups.items()}
+print("dB lost to e8m0 against exact scales:", {k: measured(v, ".2f") for k, v in cost.items()})
+print(check("a power-of-two scale costs MXFP4 between 0 and 6.02 dB (one factor of 2) on every kind",
+            all(0 <= v <= 6.02 for v in cost.values()),
+            f"{measured(min(cost.values()), '.2f')} to {measured(max(cost.values()), '.2f')} dB"))
+for rule in ("floor", "rceil"):
+    r = torch.cat([scale_ratios(t, "e2m1", (1, 32), rule) for ts in groups.values() for t in ts])
+    print(f"{rule}: e8m0 scale / exact scale from {measured(r.min().item(), '.4f')} to {measured(r.max().item(), '.4f')}; "
+          f"within {'(0.75, 1.5]' if rule == 'floor' else '[1, 2)'}: "
+          f"{bool(((r > 0.75) & (r <= 1.5)).all() if rule == 'floor' else ((r >= 1) & (r < 2)).all())}")
+
+# %% [markdown]
+# Both rules stay within a factor of 2 of the exact scale, by construction: rceil's scale is
+# up to 2x too large (the block uses less of the grid), the OCP rule's up to 1.33x too small
+# (8 / 6) or up to 1.5x too large. OCP's also saturates, as the counts above show for
+# MXFP8 and MXFP4; rceil saturates nothing. The exercise at the end asks for rceil's code.
+#
+# ## An outlier feature
+#
+# Large language models grow a few input features far larger than the rest, in every token
+# (Dettmers et al., LLM.int8()). Here a 64 x 256 activation of exact values
+# (`±(1 + k/8) * 2^e`, e from -8 to 0, drawn from integers, so the counts below are the same
+# everywhere) whose feature 5 is `2^12` times larger. **Predict:** per-row scales rescued
+# lesson 08's outlier *row*; do they rescue an outlier *column*? The counts are of the
+# other 16,320 values:
+
+# %%
+from amp_lessons.blockscale import outlier_features
+
+acts, feature = outlier_features()
+outlier = {s: error(acts, s, leave_out=feature) for s in SCHEMES}
+for s, e in outlier.items():
+    print(f"{s:<11} flushed {e.flushed:>5} of {e.nonzero}, saturated {e.saturated:>4}")
+
+# %%
+print(check("every row holds the outlier, so per row flushes more than 1x128 tiles, and those more than MXFP8's 1x32",
+            outlier["per row"].flushed > outlier["1x128"].flushed > outlier["MXFP8"].flushed,
+            f"{outlier['per row'].flushed} > {outlier['1x128'].flushed} > {outlier['MXFP8'].flushed}"))
+print(check("a 32-value block confines the outlier: MXFP8 flushes under 1% of the others, per tensor over 20%",
+            outlier["MXFP8"].flushed < 0.01 * 16320 < 0.2 * 16320 < outlier["per tensor"].flushed))
+d = quantize(acts, "MXFP8").dequantize()
+lost = (acts != 0) & (d == 0) & ~feature
+print(f"MXFP8's flushed values in the outlier's block (features 0-31): {int(lost[:, :32].sum())}, "
+      f"in the other 7 blocks: {int(lost[:, 32:].sum())}")
+
+# %% [markdown]
+# Only the blocks that hold the outlier lose their small values: for MXFP8, one block of
+# 32 in 8 along each row (the count above). No per-row scale can do that.
+# DeepSeek-V3's report gives outliers as the reason for its 1x128 activation tiles.
+#
+# ## The block-scaled matmul, exactly
+#
+# A block-scaled kernel computes, in effect: the stored element values multiplied block by
+# block along K, each block's partial product scaled by its two scales, and the sum.
+# `block_mm` computes exactly that in float32; the reference is dequantize-then-matmul.
+# With values MXFP8 holds exactly (rceil scales, so nothing saturates) and power-of-two
+# scales, every product and sum below is exact, so **predict**: bit for bit?
+
+# %%
+from amp_lessons.blockscale import accumulation_bound, block_mm, exact_values, reference_mm
+
+A, B = exact_values((64, 256), -4, 0, seed=1), exact_values((32, 256), -4, 0, seed=2)
+mxfp8_rceil = with_scales("MXFP8", "e8m0", "rceil")
+qa, qb = quantize(A, mxfp8_rceil), quantize(B, mxfp8_rceil)
+print("MXFP8 holds A exactly:", torch.equal(qa.dequantize(), A))
+print("block_mm equals dequantize-then-matmul bit for bit:", torch.equal(block_mm(qa, qb), reference_mm(qa, qb)))
+
+# %% [markdown]
+# On the network's real operands, the sums happen in another order and float32 rounds each
+# one differently, so the two differ in the last bits, within the standard bound for two
+# sums of K products (`accumulation_bound`):
+
+# %%
+o = operands[1]
+for scheme in ("MXFP8", "NVFP4"):
+    qa, qb = quantize(o.input, scheme), quantize(o.weight, scheme)
+    diff = (block_mm(qa, qb) - reference_mm(qa, qb)).abs()
+    print(check(f"{scheme}: block by block is dequantize-then-matmul, within the float32 accumulation bound",
+                bool((diff <= accumulation_bound(qa, qb)).all()), f"largest difference {measured(diff.max().item(), '.2g')}"))
+
+# %% [markdown]
+# On a GPU that runs block scales (Blackwell, compute capability 10.0+),
+# `python -m amp_lessons selfcheck` (`make gpu-check`) runs the real MXFP8 kernel
+# (`torch.nn.functional.scaled_mm` with 1x32 e8m0 scales) on exact inputs and compares it
+# with the reference. Here:
+
+# %%
+from amp_lessons.blockscale import block_kernel_check
+
+result = block_kernel_check(device)
+print("skipped:" if result.skipped else "ran:", result.skipped or result)
+
+# %% [markdown]
+# ## Delayed against current scaling
+#
+# Lesson 08 scales **currently**: it reads the tensor's amax, then casts. That is one more
+# pass over the tensor before the cast. Transformer Engine's `DelayedScaling` recipe casts
+# with a scale computed from the amaxes of earlier steps, and records this step's amax as
+# it goes: `scale = fmt.max / max(amax history) / 2^margin`, with a history of
+# `amax_history_len` steps (1024 by default) and `margin` 0. Below, 40 steps of activations
+# (512 exact values each, all below 2, spread over 15 powers of two) of which step 20 holds
+# one outlier token: 4 values of ±32. **Predict:** on which steps does delayed scaling
+# saturate, and what happens after?
+
+# %%
+from amp_lessons.delayed import run_current, run_delayed, spike_sequence
+
+seq = spike_sequence(steps=40, spike_at=20, factor=16)
+casts = {"current": run_current(seq),
+        "delayed, history 16": run_delayed(seq, history_len=16),
+        "delayed, history 16, margin 5": run_delayed(seq, history_len=16, margin=5),
+        "delayed, history 4": run_delayed(seq, history_len=4)}
+before = max(t.abs().max().item() for t in seq[:20])
+print(f"the spike's amax is {seq[20].abs().max().item():g}, {seq[20].abs().max().item() / before:.4g} times the largest before it")
+for label, steps in casts.items():
+    saturating = [s.step for s in steps if s.saturated]
+    flushing = [s.step for s in steps[1:] if s.flushed]
+    print(f"{label:<30} saturates on steps {saturating}, flushes on {len(flushing)} of steps 1-39 "
+          f"({sum(s.flushed for s in steps[1:])} values)")
+
+# %%
+from amp_lessons.blockplots import delayed_scaling
+
+delayed_scaling(casts, spike_at=20)
+
+# %%
+d16, d4 = casts["delayed, history 16"], casts["delayed, history 4"]
+after = {label: [s.step for s in steps[21:] if s.flushed > casts["current"][s.step].flushed]
+         for label, steps in (("16", d16), ("4", d4))}
+print(check("delayed scaling saturates on the spike's step, and on no other",
+            [s.step for s in d16 if s.saturated] == [20], f"steps {[s.step for s in d16 if s.saturated]}"))
+print(check("current scaling never saturates", not any(s.saturated for s in casts["current"])))
+print(check("after the spike, delayed scaling flushes more than current scaling for exactly as many steps as its history holds",
+            (len(after["16"]), len(after["4"])) == (16, 4), f"history 16: {len(after['16'])} steps, history 4: {len(after['4'])}"))
+m5 = casts["delayed, history 16, margin 5"]
+print(check("a margin of 5 saturates nothing, and pays with flushed values on every step",
+            not any(s.saturated for s in m5) and all(s.flushed for s in m5), f"{min(s.flushed for s in m5)} to {max(s.flushed for s in m5)} a step"))
+
+# %% [markdown]
+# The first step casts with scale 1 (there is no history yet), hence its flushes. Then, like
+# current scaling, delayed scaling flushes and saturates nothing until the spike, which it
+# cannot see coming: the spike saturates. For the next `amax_history_len` steps the
+# history's largest amax is the spike's, so every step casts with the spike's small scale
+# and flushes its smallest values.
+# A margin of 5 (2^5 = 32, more than the spike's jump) keeps the spike in range, at the price
+# of 5 powers of two on every step. Transformer Engine also has current scaling
+# (`Float8CurrentScaling`) and block recipes, whose scales come from the tensor being cast.
+#
+# ## Training below 8 bits
+#
+# Lesson 08's fp8 linear, with blocks: `BlockLinear` quantizes both operands of each of its
+# three matmuls along the dimension that matmul sums over (MXFP8: 1x32 e4m3 with e8m0
+# scales; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale), dequantizes, and multiplies
+# in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
+# output gradient is rounded to nearest, or stochastically. The same MLP, from the same
+# weights, 150 steps each; **predict:** does 4 bits keep up?
+
+# %%
+import copy
+
+from amp_lessons.blocktrain import convert_to_blocks
+from amp_lessons.hardware import supported_precisions
+
+baseline = "bf16" if supported_precisions(device)["bf16"] is None else "fp16"
+start = mlp(64, 64, 10, depth=2)
+runs, accuracy = {}, {}
+for label in (baseline, "mxfp8", "nvfp4", "nvfp4 + stochastic grads"):
+    model = copy.deepcopy(start) if label == baseline else convert_to_blocks(copy.deepcopy(start), label)
+    t = Trainer(model, data, precision=baseline if label == baseline else "fp32", device=device, lr=5e-3)
+    runs[label] = t.fit(150)
+    accuracy[label] = t.evaluate()
+    print(f"{label:<25} loss {measured(runs[label]['loss'][-1])}, test accuracy {measured(accuracy[label])}")
+print(model)
+
+# %%
+ends = {k: sum(h["loss"][-20:]) / 20 for k, h in runs.items()}
+for label in ("mxfp8", "nvfp4", "nvfp4 + stochastic grads"):
+    print(at_least(f"{label} reaches at least 90% of {baseline}'s test accuracy",
+                   accuracy[label] / accuracy[baseline], 0.9))
+    print(at_most(f"{label}'s final loss (mean of the last 20 steps) is at most 2x {baseline}'s",
+                  ends[label] / ends[baseline], 2.0))
+
+# %%
+from amp_lessons.blockplots import block_training
+
+block_training(runs)
+
+# %% [markdown]
+# On this small network both 4-bit runs keep up. NVIDIA's NVFP4 recipe for large language
+# models also keeps some layers in higher precision, applies random Hadamard transforms to
+# the weight-gradient inputs and uses 16x16 blocks for weights, none of which is here. One
+# ingredient is: **stochastic rounding** of the gradients. Why? A
+# gradient block whose largest value lands on 6 and whose other values are 0.2, below half
+# of e2m1's smallest step:
+
+# %%
+from amp_lessons.blocktrain import small_update_demo
+
+demo = small_update_demo(small=0.2, large=6.0, n=15, steps=1000)
+print("the block:         ", [round(v, 2) for v in demo["block"].tolist()])
+print("round to nearest:  ", demo["nearest"].tolist())
+print("one stochastic draw:", demo["stochastic_first"].tolist())
+
+# %%
+print(check("round-to-nearest turns all 15 small values into 0, on every step", demo["nearest_mean"] == 0.0))
+print(between("stochastic rounding's mean over 1000 draws is the true 0.2, within 10%",
+              demo["stochastic_mean"], 0.18, 0.22))
+
+# %% [markdown]
+# Round to nearest loses those updates every step, the way fp16 flushed lesson 03's small
+# gradients. Stochastic rounding rounds 0.2 up to 0.5 with probability 0.4 and down to 0
+# otherwise: each draw is coarser, but the mean is right, so the updates add up over steps.
+#
+# ## Which hardware runs what
+#
+# A lookup from the sources at the end, not a measurement:
+
+# %%
+from amp_lessons.blockscale import hardware_table
+
+print(hardware_table())
+
+# %% [markdown]
+# And what this torch release's `F.scaled_mm` says to 1x32 e8m0 block scales on this
+# machine's CPU (`None` means it ran them):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from amp_lessons.blockscale import cpu_block_refusal
+
+print(f"torch {report.torch_version}:", cpu_block_refusal())
+
+# %% [markdown]
+# ## The same with torchao
+#
+# torchao has MX tensors (`torchao.prototype.mx_formats`), optional here (`pip install -e
+# ".[fp8]"`). Whether it is installed, and what it runs on a CPU, depends on the machine,
+# so this cell is not compared.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from amp_lessons.blocktrain import torchao_mx
+
+MXTensor, why_not = torchao_mx()
+if MXTensor is None:
+    print(why_not)
+else:
+    w = operands[1].weight
+    try:
+        mx = MXTensor.to_mx(w, torch.float8_e4m3fn, 32)
+        gap = (mx.to_dtype(torch.float32) - quantize(w, "MXFP8").dequantize()).abs().max().item()
+        print(f"torchao's MXFP8 of a weight against this lesson's: largest difference {gap:g}")
+    except Exception as err:  # the prototype API moves between releases
+        print(f"torchao's MXTensor.to_mx did not run here: {type(err).__name__}: {err}")
+
+# %% [markdown]
+# ## Remember
+#
+# - e2m1 has 16 codes, 8 magnitudes up to 6; two codes share a byte (`float4_e2m1fn_x2`,
+#   the first in the low nibble). e8m0 is a bare power of two, 2^-127 to 2^127, 255 = NaN.
+# - With e4m3 elements a finer scale changes little for values in the normal range; it
+#   rescues the small values an outlier would push out (a 32-value block confines an outlier
+#   feature; per-row scales cannot). With e2m1 elements the scale is everything: NVFP4's
+#   16-value blocks and e4m3 scales beat MXFP4's 32 and powers of two.
+# - A block-scaled matmul is dequantize-then-matmul, up to float32 accumulation order.
+# - Delayed scaling uses earlier steps' amaxes: a spike saturates, then shrinks the scale
+#   for as long as the history holds it.
+#
+# ## Watch out
+#
+# - The OCP rule, `2^(floor(log2 amax) - emax)`, saturates the top of a block; rceil does
+#   not. Know which one your kernel's quantizer uses.
+# - A power-of-two scale is up to a factor of 2 from the exact one; here it cost MXFP4
+#   between 0 and 6 dB against exact scales (the verdict above).
+# - `margin` buys headroom for spikes with range at the bottom, on every step.
+# - Round-to-nearest in 4 bits drops small gradient values every step; round gradients
+#   stochastically.
+#
+# ## Exercise: an e8m0 scale that never saturates
+#
+# The function below should return each block's e8m0 code: the power of two `X` that puts
+# the block's largest magnitude as high as it can go without passing the element's largest
+# value. One thing is wrong.
+
+# %%
+import inspect
+
+from amp_lessons.block_exercise import check_e8m0_code, e8m0_code_as_given
+
+print(inspect.getsource(e8m0_code_as_given))
+
+# %% [markdown]
+# Copy it into the cell below as `def my_e8m0_code(amax, element_max=448.0):` and fix it. The
+# checker runs it for e4m3 (448) and e2m1 (6) on exact amaxes, an all-zero block among them.
+# As given, it checks the function above:
+
+# %%
+my_e8m0_code = e8m0_code_as_given  # replace with your own: def my_e8m0_code(amax, element_max=448.0): ...
+
+check_e8m0_code(my_e8m0_code)
+
+# %% [markdown]
+# ## Sources
+#
+# - OCP Microscaling Formats (MX) Specification v1.0 (2023): MXFP8 and MXFP4 with 32-value
+#   blocks, e8m0 scales (255 = NaN), e2m1's values, the shared scale
+#   `2^(floor(log2(amax)) - emax_elem)`.
+# - torch's `c10/util/Float4_e2m1fn_x2.h` (two e2m1 values per byte, the first in bits 3-0)
+#   and `torch.float8_e8m0fnu`; `torch/nn/functional.py`'s `scaled_mm` with `ScalingType`
+#   (`BlockWise1x16`, `BlockWise1x32`, `BlockWise1x128`, `BlockWise128x128`) and
+#   `SwizzleType.SWIZZLE_32_4_4`, the layout cuBLAS reads block scales in.
+# - NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference" (blog,
+#   2025): 16-value blocks of e2m1, e4m3 block scales, a float32 tensor scale; "Pretraining
+#   Large Language Models with NVFP4" (arXiv 2509.25149): stochastic rounding of gradients,
+#   random Hadamard transforms, 16x16 weight blocks, some layers kept in higher precision.
+# - cuBLAS documentation, "1D block quantization": block-scaled fp8 and fp4 matmuls on
+#   Blackwell, with e8m0 (MX) or e4m3 (NVFP4) scales in the 128 x 4 tile layout `to_blocked`
+#   writes, and the rceil rule for e8m0 scales (torchao's `ScaleCalculationMode.RCEIL`;
+#   `FLOOR` is the OCP rule).
+# - Transformer Engine, Common API: `DelayedScaling(margin=0, amax_history_len=1024,
+#   amax_compute_algo="max")`, the scale `fmt.max / amax / 2^margin`
+#   (`nvte_delayed_scaling_recipe_amax_and_scale_update`; in PyTorch,
+#   `transformer_engine/pytorch/quantization.py`'s `_default_sf_compute`, which keeps the
+#   previous scale when the amax is 0 or not finite; older releases rounded the scale
+#   down to a power of two), `Float8CurrentScaling`, `Float8BlockScaling`, and its MXFP8
+#   page: "native hardware acceleration on Blackwell GPUs (SM 10.0+)".
+# - Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale"
+#   (arXiv 2208.07339): outlier features, a few input dimensions far larger than the rest.
+# - Lesson 08 and `amp_lessons.fp8` for torch's CPU `_scaled_mm` (aten/src/ATen/native/Blas.cpp).
+# - DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 3.3: fp8
+#   training on H800 with 1x128 tiles for activations and 128x128 blocks for weights, scales
+#   applied while accumulating on CUDA cores.

@@ -1,0 +1,77 @@
+"""The checked exercise of lesson 09 (block scales): an MX block's e8m0 scale code.
+Used in 09_block_scales."""
+
+from __future__ import annotations
+
+import torch
+
+from .blockscale import e8m0_decode
+from .exercises import Verdict
+
+
+def e8m0_code_as_given(amax, element_max=448.0):
+    """09's exercise, as given: the e8m0 code (uint8) of each block's power-of-two decode
+    scale ``X = 2^(code - 127)``, chosen so that ``amax / X`` is as large as it can be without
+    passing ``element_max``. One thing is wrong."""
+    exponent = torch.round(torch.log2(amax / element_max)).clamp(-127, 127)
+    return (exponent + 127).to(torch.uint8)
+
+
+def _cases() -> torch.Tensor:
+    """Exact block amaxes: the element's largest value times powers of two, just above and
+    below them, values across e8m0's range, and an all-zero block (last)."""
+    amax = [1.0, 1.5, 1.75, 1.9375, 2.0, 3.0, 5.0, 6.0, 7.0, 448.0, 449.0, 500.0, 511.0, 512.0,
+            2.0**-20, 3 * 2.0**-20, 2.0**20, 0.0]
+    return torch.tensor(amax)
+
+
+def _check_one(codes, amax: torch.Tensor, top: float) -> tuple[bool, list[str]]:
+    """The findings for one element format's codes (already a uint8 tensor of the right shape)."""
+    if (codes == 255).any():
+        i = int((codes == 255).nonzero()[0])
+        return False, [f"element max {top:g}: the block with amax {amax[i].item():g} got code 255, which "
+                       "e8m0 reserves for NaN (an all-zero block needs a code too: log2(0) is -inf)"]
+    ratio = amax.double() / e8m0_decode(codes).double()
+    nonzero = amax > 0
+    over = [i for i in range(len(amax)) if nonzero[i] and ratio[i] > top]
+    low = [i for i in range(len(amax)) if nonzero[i] and ratio[i] <= top / 2]
+    findings = []
+    if over:
+        i = over[0]
+        findings.append(f"element max {top:g}: a block with amax {amax[i].item():g} gets X = 2^"
+                        f"{int(codes[i]) - 127}, so its largest value lands at {ratio[i].item():g}, past "
+                        f"{top:g}: it saturates")
+    if low:
+        i = low[0]
+        findings.append(f"element max {top:g}: a block with amax {amax[i].item():g} lands at "
+                        f"{ratio[i].item():g}, at or below half of {top:g}: its X is twice as large as it "
+                        "needs to be")
+    if not findings:
+        findings.append(f"element max {top:g}: right: every block's largest value lands above {top / 2:g} "
+                        f"and at most {top:g}, and the all-zero block gets a code below 255")
+    return not (over or low), findings
+
+
+def check_e8m0_code(fn) -> Verdict:
+    """09: check the learner's ``fn(amax, element_max) -> codes`` for e4m3 (448) and e2m1 (6)
+    blocks: uint8 codes below 255 (NaN), one for an all-zero block too, no block's largest
+    value past the element's largest after dividing by ``X``, and none at or below half of it
+    (a scale one power of two too large wastes the element's top binade)."""
+    amax = _cases()
+    findings, passed = [], True
+    for top in (448.0, 6.0):
+        try:
+            codes = fn(amax.clone(), top)
+        except Exception as err:
+            return Verdict(False, [f"fn(amax, {top:g}) raised {type(err).__name__}: {err}"])
+        if not isinstance(codes, torch.Tensor) or codes.shape != amax.shape:
+            return Verdict(False, [f"fn(amax, {top:g}) should return one code per block, a tensor of shape "
+                                   f"{tuple(amax.shape)}"])
+        if codes.dtype != torch.uint8:
+            passed = False
+            findings.append(f"element max {top:g}: the codes are {codes.dtype}; e8m0 codes are one byte, uint8")
+            continue
+        ok, found = _check_one(codes, amax, top)
+        passed &= ok
+        findings += found
+    return Verdict(passed, findings)

@@ -1,0 +1,90 @@
+"""Figures of lesson 09 (block scales). Each function returns a matplotlib ``Figure`` with
+labelled axes and a title that states the point. Used in 09_block_scales.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+
+from .blockscale import get_scheme
+
+_SCHEME_COLORS = {"per tensor": "#bab0ac", "per row": "#9d755d", "1x128": "#4c78a8", "128x128": "#9ecae9",
+                  "MXFP8": "#54a24b", "MXFP4": "#f58518", "NVFP4": "#e45756"}
+
+
+def scheme_bars(table: dict):
+    """09: SQNR (dB) of every scheme (a bar each) for every tensor kind (a group each), from
+    :func:`amp_lessons.blockscale.error_table`. Higher is better; 6 dB is one bit."""
+    kinds = list(table)
+    schemes = list(next(iter(table.values())))
+    width = 0.8 / len(schemes)
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    for i, s in enumerate(schemes):
+        xs = [k + (i - (len(schemes) - 1) / 2) * width for k in range(len(kinds))]
+        ys = [table[kind][s].sqnr for kind in kinds]
+        ax.bar(xs, ys, width=width, color=_SCHEME_COLORS.get(s, "grey"), label=s)
+    ax.set_xticks(range(len(kinds)), kinds)
+    ax.set(ylabel="signal / quantization noise (dB, higher is better)")
+    ax.legend(frameon=False, ncol=len(schemes), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    def mean(element):
+        ys = [table[k][s].sqnr for k in kinds for s in schemes if get_scheme(s).element == element]
+        ys = [y for y in ys if math.isfinite(y)]
+        return sum(ys) / len(ys) if ys else math.nan
+
+    fig.suptitle(f"e4m3 elements keep {mean('e4m3'):.0f} dB on average here, e2m1 {mean('e2m1'):.0f} dB: "
+                 "the element sets the level, the scale's granularity moves it", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = None):
+    """09: for each run (``{label: [Step, ...]}`` from :mod:`amp_lessons.delayed`), left the
+    log2 of the tensor's largest magnitude after scaling, against the format's largest
+    value; right the values flushed to zero at each step."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    styles = [dict(color="#4c78a8", lw=3, alpha=0.5), dict(color="#e45756", lw=1.4),
+              dict(color="#54a24b", lw=1.2, ls="--"), dict(color="#f58518", lw=1.2, ls=":")]
+    for (label, steps), style in zip(runs.items(), styles * len(runs)):
+        xs = [s.step for s in steps]
+        left.plot(xs, [math.log2(max(s.scaled_amax, 2.0**-30)) for s in steps], label=label, **style)
+        right.plot(xs, [s.flushed for s in steps], label=label, **style)
+        hit = [s for s in steps if s.saturated]
+        left.scatter([s.step for s in hit], [math.log2(s.scaled_amax) for s in hit], color=style["color"],
+                     marker="x", s=50, zorder=3)
+    left.axhline(math.log2(fmt_max), color="black", lw=0.8)
+    left.text(0, math.log2(fmt_max) + 0.3, f"largest e4m3 value, {fmt_max:g} (x: saturated)", fontsize=8)
+    left.set(xlabel="step", ylabel="log2 of the largest scaled magnitude")
+    right.set(xlabel="step", ylabel="nonzero values flushed to zero (of 512)")
+    right.legend(frameon=False, fontsize=8)
+    if spike_at is not None:
+        for ax in (left, right):
+            ax.axvline(spike_at, color="grey", lw=0.6, ls=":")
+    fig.suptitle("delayed scaling casts with a scale from earlier steps: the spike saturates, then "
+                 "keeps the scale small for as long as the history holds it", fontsize=10)
+    for ax in (left, right):
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def block_training(runs: dict):
+    """09: training loss of each run (``{label: History}``), one line each."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    styles = [dict(color="#4c78a8", lw=4, alpha=0.4), dict(color="#54a24b", lw=1.4),
+              dict(color="#e45756", lw=1.2, ls="--"), dict(color="#f58518", lw=1.2, ls=":")]
+    for (label, h), style in zip(runs.items(), styles * len(runs)):
+        ax.plot(h["step"], h["loss"], label=label, **style)
+    ax.set(xlabel="optimizer step", ylabel="training loss, cross-entropy (nats)", yscale="log")
+    ax.legend(frameon=False)
+    ends = {label: sum(h["loss"][-20:]) / len(h["loss"][-20:]) for label, h in runs.items()}
+    ax.set_title("mean loss of the last 20 steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ends.items()),
+                 fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig

@@ -1,0 +1,33 @@
+"""Lesson 09's figures: each returns a Figure with labelled axes and a computed title."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import torch  # noqa: E402
+
+from amp_lessons import blockplots  # noqa: E402
+from amp_lessons.blockscale import error_table, exact_values  # noqa: E402
+from amp_lessons.delayed import run_current, run_delayed, spike_sequence  # noqa: E402
+
+
+def test_scheme_bars():
+    table = error_table({"a": [exact_values((4, 64))], "b": [torch.randn(4, 64)]})
+    fig = blockplots.scheme_bars(table)
+    ax = fig.axes[0]
+    assert "dB" in ax.get_ylabel() and len(ax.patches) == 2 * 7
+    assert "e4m3 elements keep" in fig._suptitle.get_text()
+
+
+def test_delayed_scaling_plot_marks_saturation():
+    seq = spike_sequence(steps=8, spike_at=4, n=64)
+    fig = blockplots.delayed_scaling({"current": run_current(seq), "delayed": run_delayed(seq, 4)}, spike_at=4)
+    left, right = fig.axes
+    assert left.get_xlabel() == "step" and "flushed" in right.get_ylabel()
+    assert len(left.collections) == 2  # one scatter of saturated steps per run
+
+
+def test_block_training_titles_the_final_losses():
+    h = {"step": list(range(30)), "loss": [1.0] * 30}
+    fig = blockplots.block_training({"bf16": h, "mxfp8": h})
+    assert "bf16 1.000" in fig.axes[0].get_title()
