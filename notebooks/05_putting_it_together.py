@@ -148,8 +148,8 @@ for p, run in result.runs.items():
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
 # that remain belong to the loss (the logits cast to float32 for it, lesson 02), and the
-# labels are int64. The ratio to fp32 (exact byte counts, the same on every machine), and
-# the card's claim against it:
+# labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU; a GPU's
+# autocast lists can differ, lesson 02), and the card's claim against it:
 
 # %%
 for p in result.runs:
@@ -183,7 +183,7 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
 # **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
 #
 # `doubled_batch` counts every kind of bytes at the batch and at twice it. These are exact
-# byte counts, not timings: the same on every machine.
+# byte counts, not timings: the same on every CPU.
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -267,9 +267,9 @@ plots.matmul_rates(b)
 # %% [markdown]
 # How to read it:
 #
-# - **Tensor cores** (NVIDIA Volta and newer) and **AMX tile units** (Intel Sapphire Rapids
-#   and newer CPUs) multiply 16-bit matrices several times faster than float32. The
-#   card's 2-3x comes from them. Without them, 16-bit matmuls run on the same vector
+# - **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile
+#   units** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply
+#   16-bit matrices several times faster than float32. The card's 2-3x comes from them. Without them, 16-bit matmuls run on the same vector
 #   units as float32: native bf16 instructions (AVX512-BF16) can still win a little,
 #   emulation loses, and a CPU may have a fast bf16 kernel but no fast fp16 kernel at
 #   all: the reasons above read this device's measured rates.
@@ -462,9 +462,10 @@ print(check("'high' changes this device's float32 matmul exactly where TF32 exis
 # %% [markdown]
 # TF32 is an NVIDIA tensor-core format. Yet `"high"` is not only a CUDA setting: in this
 # release it also asks oneDNN, the library behind many CPU matmuls, for TF32 math
-# (`torch.backends.mkldnn.matmul.fp32_precision`, since torch 2.9). oneDNN uses it only
-# where it has a TF32 kernel; the check above measured whether `"high"` changed this
-# device's float32 matmul. What the setting asks of each backend:
+# (`torch.backends.mkldnn.matmul.fp32_precision`, since torch 2.9). To oneDNN that is a
+# permission, not an order ("implicit f32->tf32 conversions allowed"), taken where a CPU
+# and the oneDNN build have a faster kernel for it; the check above measured whether
+# `"high"` changed this device's float32 matmul. What the setting asks of each backend:
 
 # %%
 before = torch.get_float32_matmul_precision()
@@ -530,11 +531,12 @@ else:
 # - Keep master weights in float32: the lost updates and Adam's zero `eps` above.
 # - The MLPs' activation bytes halve under bf16 and fp16 (a transformer block keeps more:
 #   its float32-list ops save float32), but the weights, gradients and optimizer state do
-#   not shrink, so a doubled batch does not fit. The speedup needs fast 16-bit matmul
+#   not shrink, so for these MLPs a doubled batch does not fit. The speedup needs fast 16-bit matmul
 #   kernels (tensor cores, AMX); the matmul share of the step, through Amdahl's law,
 #   estimates it: measured above, and by `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs; it
-#   also asks oneDNN for TF32, which changed nothing on this CPU (the check above). `"medium"` allows bf16 matmuls, on AMX CPUs too.
+#   also asks oneDNN for TF32, which changed nothing on this CPU (the check above).
+#   `"medium"` allows bf16 matmuls, on AMX CPUs too.
 # - Which precision to use on a given machine: [00 start here](00_start_here.ipynb).
 #
 # ## Watch out
@@ -576,11 +578,15 @@ check_setup(my_setup, device)
 # - What `"highest"`, `"high"` and `"medium"` select: the docstring of
 #   `torch.set_float32_matmul_precision` (`torch/__init__.py`, whose note still says it affects only CUDA;
 #   docs page "torch.set_float32_matmul_precision"); the oneDNN side:
-#   the "MKLDNN backend" notes (`docs/source/notes/mkldnn.rst`, torch 2.9 on).
+#   the "MKLDNN backend" notes (`docs/source/notes/mkldnn.rst`, torch 2.9 on), and
+#   oneDNN's "Floating-point Math Mode" page (`dnnl_fpmath_mode_tf32`).
 # - TF32 drops the low mantissa bits of each input: PyTorch's CUDA semantics notes
 #   ("TensorFloat-32 (TF32) on Ampere (and later) devices", `docs/source/notes/cuda.rst`).
 # - Which ops autocast runs in float32, per device: the Autocast Op Reference,
 #   `docs/source/amp.md` (lesson 02 traces them).
+# - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
+#   whitepapers; AMX-BF16 and AMX-FP16: Intel's Architecture Instruction Set Extensions
+#   Programming Reference.
 # - Tensor cores and the multiple-of-8 rule for 16-bit matmuls: NVIDIA's "Matrix
 #   Multiplication Background User's Guide" (Deep Learning Performance docs); nanoGPT's
 #   vocabulary padded to 50304: karpathy/nanoGPT `train.py` / `model.py`.
