@@ -18,12 +18,13 @@
 #
 # On one device, mixed precision asks which dtype each op runs in. Once a model is trained on
 # several devices, two more questions come up: which dtype is *communicated* between them, and
-# which dtype each one *keeps*. The answers decide how many bytes go over the wire, how much
+# which dtype each one *keeps*. The answers decide how many bytes each collective moves, how much
 # memory each device needs, and how accurate the summed gradients are.
 #
 # This lesson uses PyTorch's own engine, `torch.distributed`, with two real processes
-# (*ranks*) on this machine. On CPUs they talk through the gloo backend. The same code runs on
-# GPUs with NCCL, one GPU per rank. It covers DDP, which keeps a full copy of the model on
+# (*ranks*) on this machine. On CPUs they talk through the gloo backend; with
+# `DEVICE = "cuda"` the same launch uses NCCL, one GPU per rank (the stored outputs come
+# from CPU ranks). It covers DDP, which keeps a full copy of the model on
 # every rank, and FSDP2 (`fully_shard`), which shards the model across ranks.
 
 # %%
@@ -138,11 +139,11 @@ at_least("bf16_compress_hook adds at least 4x the error of fp16_compress_hook",
 at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", errors["fp16 hook"][1], 1e-3)
 
 # %% [markdown]
-# A compress hook rounds every gradient to 16 bits before the sum, and the sum again. The
-# fp16 hook also casts *before* it divides by the world size
-# (`buffer.to(dtype).div_(world_size)`), so a gradient below fp16's smallest subnormal is 0
-# before the sum starts, and the division pushes more into subnormals. Its arithmetic for 8
-# ranks, on three float32 gradients:
+# A compress hook rounds every gradient to 16 bits before the sum, and the sum again. Both
+# hooks also cast *before* they divide by the world size
+# (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient below
+# its smallest subnormal is 0 before the sum starts, and the division pushes more into
+# subnormals. The fp16 hook's arithmetic for 8 ranks, on three float32 gradients:
 
 # %%
 g = torch.tensor([1e-3, 1e-6, 1e-8])
@@ -298,7 +299,7 @@ loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends})
 
 # %% [markdown]
 # With 2 ranks, then, a bf16 reduce costs little here. The errors above grow with the number of
-# ranks summed, and a large gradient swamps small ones. A float32 reduce-scatter sends twice
+# ranks summed, and a large gradient swamps small ones. A float32 reduce-scatter moves twice
 # the bytes of a bf16 one, and it is the safe default: `reduce_dtype=torch.float32`.
 #
 # ## GradScaler across ranks
@@ -345,8 +346,9 @@ for name in scalers.names:
 # the 16 bytes on each rank.
 # Mixed precision changes none of these three; it adds a 16-bit copy of the weights while
 # they compute. Under DDP + autocast, that is the bf16 copy of each weight a matmul uses,
-# saved for backward: 2 bytes per parameter at most. Under FSDP2, it is the one layer that is
-# unsharded at a time: 4 bytes per parameter in fp32, 2 in bf16. Activations come on top of
+# saved for backward: 2 bytes per parameter at most. Under FSDP2, it is the unsharded layer
+# that is computing: 4 bytes per parameter of that layer in fp32, 2 in bf16 (prefetching
+# the next layer's all-gather can hold a second one). Activations come on top of
 # all this, and are left out here.
 #
 # With N parameters, W ranks and L parameters in the largest layer, here is this lesson's model
@@ -447,7 +449,8 @@ with expect_error(D.BackendUnavailableError):
 # ## Remember
 #
 # - Under DDP + autocast, gradients have their parameters' dtype: the all-reduce is float32,
-#   4 bytes per parameter. A compress hook halves the bytes and rounds every gradient.
+#   4 bytes per parameter. A compress hook halves the bytes handed to the all-reduce and
+#   rounds every gradient.
 # - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and the gradients in float32. It
 #   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`, which
 #   means `param_dtype` when left at None.
@@ -506,6 +509,8 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 # - `cast_forward_inputs`, `output_dtype`: `MixedPrecisionPolicy`,
 #   `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`; `set_requires_gradient_sync`:
 #   `torch/distributed/fsdp/_fully_shard/_fully_shard.py`.
+# - FSDP2's prefetching of the next all-gather: the `fully_shard` docs
+#   (`FSDPModule.set_modules_to_forward_prefetch`, and the implicit prefetching they describe).
 # - GradScaler's found-inf flag reduced over the mesh for DTensor gradients:
 #   `found_inf_reduce_handler`, `torch/distributed/tensor/_dispatch.py`.
 # - Which ops CUDA autocast runs in float32: the Autocast Op Reference, `docs/source/amp.md`.
