@@ -16,12 +16,13 @@
 # %% [markdown]
 # # 08 · fp8: a scale for every tensor
 #
-# Hopper and Blackwell GPUs train with 8-bit floats. Two of them: **e4m3** (4 exponent
+# NVIDIA's Ada, Hopper and Blackwell GPUs have tensor cores for 8-bit floats, and large
+# models are trained with them. Two formats: **e4m3** (4 exponent
 # bits, 3 mantissa bits) and **e5m2**. Their range is so short that no tensor is cast to
 # them as it is. Each one is multiplied by a *scale* first, chosen so that its largest
 # value lands on the format's largest value. That is lesson 03's loss scale again, with
-# two differences: it is computed from the tensor itself rather than searched for, and
-# every tensor (or every row) gets its own.
+# two differences: in the recipe this lesson builds, it is computed from the tensor itself
+# rather than searched for, and every tensor (or every row) gets its own.
 #
 # Everything here runs on any device. `torch._scaled_mm`, the fp8 matmul, also runs on a
 # CPU, so every number below is real; only the speed needs an fp8 GPU. You will see:
@@ -276,7 +277,8 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)`, in a higher precision.
 # On a CPU, torch computes exactly that: it dequantizes to float32 and runs a float32
-# matmul (a CPU with AMX may hand per-tensor scales to oneDNN instead). An fp8 GPU feeds
+# matmul (a CPU with AMX may hand per-tensor scales to oneDNN instead:
+# `_scaled_mm_out_cpu`, in ATen's oneDNN code). An fp8 GPU feeds
 # the fp8 values to its tensor cores and applies the scales to the result.
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
