@@ -28,9 +28,10 @@
 # Every loop here runs on the CPU (a tiny 8 -> 16 -> 4 network, milliseconds each), so the
 # messages are the same on every machine. Some belong to CUDA: those are *replayed* (CUDA
 # autocast's real dispatch, on fake CUDA tensors), *simulated* (a GPU's device queries) or
-# *quoted* (with the torch file that prints them), and labelled so; on a GPU,
-# `python -m amp_lessons selfcheck` checks the replayed and simulated ones for real. The
-# messages are printed verbatim, as this torch release words them.
+# *quoted* (with the torch file that prints them), and labelled so. On a GPU,
+# `python -m amp_lessons selfcheck` runs the BCE refusal (section 10) for real, and on a
+# pre-Ampere GPU the T4 answers (section 11). The messages are printed verbatim, as this
+# torch release words them.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -427,10 +428,11 @@ for question, answer in errors.t4_bf16_answers().items():
 
 # %% [markdown]
 # Below compute capability 8.0, `is_bf16_supported()` tries to make a bfloat16 tensor on
-# the GPU; a T4 can hold one (its math is emulated, through float32, and slow), so the
-# answer is True. `including_emulation=False` asks about the hardware. The course's
-# hardware report (`python -m amp_lessons doctor`, lesson 00) asks that way and
-# recommends float16 with a GradScaler there. On a pre-Ampere GPU the verdict below runs
+# the GPU; a T4 can hold one, so the answer is True. It has no bfloat16 arithmetic: CUDA
+# carries out bf16 math through float32 below compute capability 8.0.
+# `including_emulation=False` asks about the hardware. The course's hardware report
+# (`python -m amp_lessons doctor`, lesson 00) asks that way and recommends float16 with a
+# GradScaler there. On a pre-Ampere GPU the verdict below runs
 # for real:
 
 # %%
@@ -459,8 +461,8 @@ print(errors.alternating_run(errors.train_alternating))
 
 # %% [markdown]
 # **"expected scalar type BFloat16 but found Float"**: two inputs of one op in different
-# dtypes, in the words of `nll_loss`, `bmm` and others. Here, a model cast to bfloat16
-# (no autocast) meets float32 class weights in its loss:
+# dtypes, in the words several ops use (here `nll_loss`, inside `cross_entropy`). A model
+# cast to bfloat16 (no autocast) meets float32 class weights in its loss:
 
 # %%
 print(inspect.getsource(errors.weighted_loss_of_bf16_model))
@@ -614,4 +616,5 @@ check_two_model_loop(my_loop)
 #   the error on a V100 in an older release: karpathy/nanoGPT#277.
 # - CUDA autocast refuses `binary_cross_entropy`: `aten/src/ATen/autocast_mode.cpp` (its
 #   banned list) and the Autocast Op Reference in `docs/source/amp.md`; pytorch/pytorch#61098.
-# - bf16 on a T4: pytorch/pytorch#148322.
+# - bf16 on a T4: pytorch/pytorch#148322; bf16 arithmetic through float32 below compute
+#   capability 8.0: CUDA's `cuda_bf16.hpp`.

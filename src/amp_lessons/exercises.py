@@ -626,7 +626,7 @@ def check_row_scale(fn) -> Verdict:
         if over:
             passed = False
             findings.append(f"{name}: row {over[0]} reaches {peak[over[0]].item():g} after scaling, too "
-                            f"large for {top:g}: it would saturate (or be NaN on torch before 2.13)")
+                            f"large for {top:g}: the cast would saturate it (or make it NaN, on a CPU before torch 2.13)")
         if low:
             passed = False
             same = bool((scale == scale.flatten()[0]).all())
