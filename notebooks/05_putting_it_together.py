@@ -269,32 +269,27 @@ plots.matmul_rates(b)
 #
 # - **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile
 #   units** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply
-#   16-bit matrices several times faster than float32. The card's 2-3x comes from them. Without them, 16-bit matmuls run on the same vector
-#   units as float32: native bf16 instructions (AVX512-BF16) can still win a little,
-#   emulation loses, and a CPU may have a fast bf16 kernel but no fast fp16 kernel at
-#   all: the reasons above read this device's measured rates.
-# - **Amdahl's law estimates the gain.** If matmuls take a share *f* of the fp32 step and
-#   run *r* times faster in 16 bits, and nothing else changed, the step would gain
-#   1 / ((1 - f) + f / r). The reasons above compute *f* and that figure for each step
-#   (the bench's wording calls it a cap). It is an estimate, not a cap: the rest of the
-#   step changes too. Elementwise ops on 16-bit tensors move half the bytes, and where
-#   memory bandwidth limits them (NVIDIA's mixed-precision guide says so of GPUs; this
-#   CPU's are measured below) they run faster; autocast's casts add work. The next section
-#   measures *f* and the rest of the step directly.
+#   16-bit matrices several times faster than float32: the card's 2-3x comes from them.
+#   Without them, 16-bit matmuls run on float32's vector units, and the reasons above read
+#   what this device's measured rates give.
+# - **Amdahl's law estimates the gain.** With a matmul share *f* of the fp32 step and
+#   matmuls *r* times faster, a step in which nothing else changed would gain
+#   1 / ((1 - f) + f / r). The reasons above compute it (the bench's wording calls it a
+#   cap). It is no cap: the rest of the step changes too. Elementwise ops on 16-bit tensors
+#   move half the bytes and run faster where memory bandwidth limits them (NVIDIA's
+#   mixed-precision guide says so of GPUs; this CPU's are measured below); autocast's casts
+#   add work.
 #
-# From a terminal, `python -m amp_lessons bench` (or `make bench`) prints the same table
-# for an MLP and a transformer; `--json` for scripts, `--help` for the sizes.
+# `python -m amp_lessons bench` (or `make bench`) prints the same table from a terminal,
+# for an MLP and a transformer.
 #
 # ## Why not 2-3x here? Where one step's time goes
 #
-# A step is more than its matmuls: the elementwise ops of forward and backward,
-# autocast's casts, the optimizer, the Trainer's own bookkeeping and fetching the batch.
-# 16 bits changes these less than it changes matmuls, and not all one way: an elementwise
-# op on a 16-bit tensor moves half the bytes, the casts are work fp32 never does, and the
-# optimizer updates float32 master weights in every precision. The bench above also
-# profiled Trainer steps of its MLP with `torch.profiler` and added each op's own time to
-# one category (the mapping is in `amp_lessons.breakdown`). The table is long; the figure
-# after it shows the same breakdown, and the table's output is collapsed (click to open).
+# Besides its matmuls, a step runs elementwise ops, autocast's casts, the optimizer (on
+# float32 master weights in every precision), the Trainer's bookkeeping and the batch
+# fetch. The bench profiled Trainer steps of its MLP with `torch.profiler` and added each
+# op's own time to one category (`amp_lessons.breakdown` has the mapping). The table is
+# collapsed below (click to open); the figure after it draws the same breakdown.
 #
 # **Predict**: which categories will be as long in bf16 as in fp32?
 
@@ -340,17 +335,13 @@ for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not No
 
 # %% [markdown]
 # So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are (the
-# matmul block), and how much of the step is not matmuls (the table). The last table
-# times changes that shrink the second part, side by side, each as a gain over the
-# Trainer as the lessons use it:
-#
-# - `grad_stats=False`: the Trainer skips its exact per-step gradient statistics (the
-#   zero count and the norm that lessons 01 and 03 read), which read every gradient again;
-# - `AdamW(foreach=True)` and `AdamW(fused=True)`: the optimizer updates all tensors in a
-#   few large kernels instead of a Python loop of small ones, where torch supports it on
-#   the device;
-# - `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` of the model
-#   (it compiles for a minute or more first; on a CPU it needs a C++ compiler).
+# matmul block), and how much of the step is not matmuls. The last table of the collapsed
+# output times three changes that shrink the second part, each as a gain over the Trainer
+# as the lessons use it: `grad_stats=False` (the Trainer skips the per-step gradient
+# statistics lessons 01 and 03 read), then `AdamW(foreach=True)` and `AdamW(fused=True)`
+# (a few large kernels instead of a loop over tensors, where the device has them).
+# `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` (a minute or
+# more of compiling first; on a CPU it needs a C++ compiler).
 #
 # ## Master weights: why not `model.half()`?
 #

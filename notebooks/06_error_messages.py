@@ -390,10 +390,8 @@ print(errors.bce_under_autocast(torch.bfloat16))
 # are cast up and it runs. CUDA autocast refuses it (pytorch/pytorch#61098). PyTorch's
 # autocast notes give the reason: its backward can produce gradients that float16 cannot
 # represent, and casting the input up to float32 does not help, since backward reverses
-# that cast. No GPU is needed to see the refusal: lesson 02's tracer replays CUDA autocast
-# here (`trace_fn(..., simulate=True)`). It switches CUDA autocast on and gives the call
-# fake CUDA tensors (shapes and dtypes, no data, no GPU), so each op goes through CUDA
-# autocast's real dispatch. Replayed:
+# that cast. Lesson 02's tracer replays CUDA autocast here (`trace_fn(..., simulate=True)`:
+# CUDA autocast's real dispatch, on fake CUDA tensors):
 
 # %%
 print(errors.cuda_bce("bce"))
@@ -406,9 +404,8 @@ print(errors.cuda_bce("bce"))
 print(errors.cuda_bce("logits"))
 
 # %% [markdown]
-# The verdict below runs the real thing when this machine has a CUDA GPU (and checks that
-# the replay says the same); without one it reports the replay. Its words name which, so
-# they differ between machines and the tests do not compare them.
+# On a CUDA machine the verdict below runs the real thing and checks the replay against
+# it; its words say which it did, so the tests do not compare them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
