@@ -373,9 +373,10 @@ print(at_least("after 24 steps the cross entropy is at least 5x that of the unsc
                wrong.final_loss / right.final_loss, 5, ".1f"))
 
 # %% [markdown]
-# That is the real danger: no message, a few skipped steps that look like fp16's usual
-# warm-up, and then training goes on, every step pushed by a penalty hundreds of times
-# too large. The loss it was meant to regularize ends far above the unscaled run's.
+# That is the real danger: no message, a few skipped steps that look like GradScaler
+# finding its scale (lesson 03), and then training goes on, every step pushed by a penalty
+# S times too large, S being the scale it settled at. The loss the penalty was meant to
+# regularize ends far above the unscaled run's.
 #
 # ## 10. "binary_cross_entropy ... unsafe to autocast"
 #
