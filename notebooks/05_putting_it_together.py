@@ -23,8 +23,9 @@
 # just fast: keep the weights in float32 (no `model.half()`), and what
 # `torch.set_float32_matmul_precision("high")` really changes.
 #
-# Every verdict below is computed from this run's measurements, so it stays true on a
-# laptop CPU, a Colab T4 or an H100.
+# Every verdict below is computed from this run's measurements on the device it runs on, so
+# on another device it reports what that device does. The stored outputs come from a CPU;
+# on a GPU, run the lesson to see its own.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -147,14 +148,30 @@ for p, run in result.runs.items():
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
 # that remain belong to the loss (the logits cast to float32 for it, lesson 02), and the
-# labels are int64. The ratio to fp32 (exact byte counts, the same on every machine), and
-# the card's claim against it:
+# labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU; a GPU's
+# autocast lists can differ, lesson 02), and the card's claim against it:
 
 # %%
 for p in result.runs:
     if p in ("bf16", "fp16"):
         print(between(f"{p} keeps half of fp32's activation bytes, as the card says (0.45 to 0.55)",
                       result.memory_ratio(p), 0.45, 0.55, ".2f"))
+
+# %% [markdown]
+# That holds for these MLPs, whose saved tensors are almost all matmul inputs. A model with
+# ops on autocast's float32 list keeps those ops' saved tensors in float32. Lesson 02's
+# `TransformerBlock` (layer norms, softmax attention, GELU), for one batch of 8 sequences of
+# 16 tokens, under this device's autocast lists (CUDA's differ, lesson 02):
+
+# %%
+from amp_lessons.models import TransformerBlock
+
+block, tokens = TransformerBlock().to(device), torch.zeros(8, 16, 64, device=device)
+block_fp32 = saved_memory(block, tokens).activation_bytes
+for p in [p for p in result.runs if p in ("bf16", "fp16")]:
+    kept = saved_memory(block, tokens, precision=p)
+    print(f"{p}: the block keeps {kept.activation_bytes / block_fp32:.2f} of fp32's activation bytes, "
+          f"{kept.by_dtype.get('float32', 0) / kept.activation_bytes:.0%} of them float32")
 
 # %% [markdown]
 # ### What a batch twice as large costs
@@ -166,7 +183,7 @@ for p in result.runs:
 # **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
 #
 # `doubled_batch` counts every kind of bytes at the batch and at twice it. These are exact
-# byte counts, not timings: the same on every machine.
+# byte counts, not timings: the same on every CPU.
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -220,10 +237,17 @@ print(result.speed_table())
 # microbenchmark, every precision side by side. Then both MLPs are set against the card's
 # 2-3x, with the reasons read from these measurements and this device's hardware report:
 
-# %%
+# %% jupyter={"outputs_hidden": true}
 # NBVAL_IGNORE_OUTPUT
 b = bench.run_bench(("mlp",), runnable, device, warmup=1, repeats=5, breakdown=True, profile_steps=3)
 print(benchcli.table(b, breakdown=False))
+
+# %% [markdown]
+# The bench's table and matmul block are collapsed above (the figure after the next cell
+# draws the matmul block). Its verdicts, and the reasons read from it:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
 for p in [p for p in result.runs if p != "fp32"]:
     print(f"\ndigits MLP: {bench.speed_verdict(result.speedup(p), p)}")
@@ -243,33 +267,32 @@ plots.matmul_rates(b)
 # %% [markdown]
 # How to read it:
 #
-# - **Tensor cores** (NVIDIA Volta and newer) and **AMX tile units** (Intel Sapphire Rapids
-#   and newer CPUs) multiply 16-bit matrices several times faster than float32. The
-#   card's 2-3x comes from them. Without them, 16-bit matmuls run on the same vector
-#   units as float32: native bf16 instructions (AVX512-BF16) can still win a little,
-#   emulation loses, and a CPU may have a fast bf16 kernel but no fast fp16 kernel at
-#   all: the reasons above read this device's measured rates.
-# - **Amdahl's law caps the gain.** Only the matmul part of a step gets faster. If matmuls
-#   take a share *f* of the fp32 step and run *r* times faster in 16 bits, the step gains
-#   at most 1 / ((1 - f) + f / r), and never more than 1 / (1 - f). The reasons above
-#   compute *f* and the bound for each step; the next section measures *f* directly.
+# - **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile
+#   units** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply
+#   16-bit matrices several times faster than float32: the card's 2-3x comes from them.
+#   Without them, 16-bit matmuls run on float32's vector units, and the reasons above read
+#   what this device's measured rates give.
+# - **Amdahl's law estimates the gain.** With a matmul share *f* of the fp32 step and
+#   matmuls *r* times faster, a step in which nothing else changed would gain
+#   1 / ((1 - f) + f / r). The reasons above compute it. It is no cap: the rest of the step changes too. Elementwise ops on 16-bit tensors
+#   move half the bytes and run faster where memory bandwidth limits them (NVIDIA's
+#   mixed-precision guide says so of GPUs; this CPU's are measured below); autocast's casts
+#   add work.
 #
-# From a terminal, `python -m amp_lessons bench` (or `make bench`) prints the same table
-# for an MLP and a transformer; `--json` for scripts, `--help` for the sizes.
+# `python -m amp_lessons bench` (or `make bench`) prints the same table from a terminal,
+# for an MLP and a transformer.
 #
 # ## Why not 2-3x here? Where one step's time goes
 #
-# A step is more than its matmuls: the elementwise ops of forward and backward,
-# autocast's casts, the optimizer, the Trainer's own bookkeeping and fetching the batch.
-# 16-bit kernels do not speed these up the way they speed up matmuls: an elementwise op
-# on a 16-bit tensor moves half the bytes, the casts are work fp32 never does, and the
-# optimizer updates float32 master weights in every precision. The bench above also profiled Trainer steps of its MLP
-# with `torch.profiler` and added each op's own time to one category (the mapping is in
-# `amp_lessons.breakdown`).
+# Besides its matmuls, a step runs elementwise ops, autocast's casts, the optimizer (on
+# float32 master weights in every precision), the Trainer's bookkeeping and the batch
+# fetch. The bench profiled Trainer steps of its MLP with `torch.profiler` and added each
+# op's own time to one category (`amp_lessons.breakdown` has the mapping). The table is
+# collapsed below (click to open); the figure after it draws the same breakdown.
 #
 # **Predict**: which categories will be as long in bf16 as in fp32?
 
-# %%
+# %% jupyter={"outputs_hidden": true}
 # NBVAL_IGNORE_OUTPUT
 print("\n".join(benchcli.breakdown_lines(b, "mlp")))
 
@@ -291,9 +314,11 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
                fp32_step.matmul_share, 0.2, ".2f"))
 
 # %% [markdown]
-# The rest of the step in each 16-bit precision the bench profiled (a precision too slow
-# here to time has no line: which ones that is depends on the device, so the cell's output
-# is not compared):
+# The rest of the step in each 16-bit precision the bench profiled, and the step's measured
+# speedup against the Amdahl figure from *f* and the best matmul rates (a precision too
+# slow here to time has no line: which ones that is depends on the device, so the cell's
+# output is not compared). Where the rest of the step got faster, the step can beat the
+# Amdahl figure:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -303,20 +328,19 @@ for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not No
           f"(casts {measured(step.ms['autocast casts'], '.2f')} ms, elementwise "
           f"{measured(step.ms['forward rest'] + step.ms['backward rest'], '.2f')} ms against fp32's "
           f"{measured(fp32_step.ms['forward rest'] + fp32_step.ms['backward rest'], '.2f')} ms)")
+    amdahl = b.amdahl("mlp", p)
+    print(f"{p}: Amdahl's figure {measured(amdahl.bound, '.2f')}x (matmuls only, best sizes); "
+          f"measured {measured(amdahl.measured, '.2f')}x without the profiler")
 
 # %% [markdown]
 # So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are (the
-# matmul block), and how much of the step is not matmuls (the table). The last table
-# times changes that shrink the second part, side by side, each as a gain over the
-# Trainer as the lessons use it:
-#
-# - `grad_stats=False`: the Trainer skips its exact per-step gradient statistics (the
-#   zero count and the norm that lessons 01 and 03 read), which read every gradient again;
-# - `AdamW(foreach=True)` and `AdamW(fused=True)`: the optimizer updates all tensors in a
-#   few large kernels instead of a Python loop of small ones, where torch supports it on
-#   the device;
-# - `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` of the model
-#   (it compiles for a minute or more first; on a CPU it needs a C++ compiler).
+# matmul block), and how much of the step is not matmuls. The last table of the collapsed
+# output times three changes that shrink the second part, each as a gain over the Trainer
+# as the lessons use it: `grad_stats=False` (the Trainer skips the per-step gradient
+# statistics lessons 01 and 03 read), then `AdamW(foreach=True)` and `AdamW(fused=True)`
+# (a few large kernels instead of a loop over tensors, where the device has them).
+# `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` (a minute or
+# more of compiling first; on a CPU it needs a C++ compiler).
 #
 # ## Master weights: why not `model.half()`?
 #
@@ -359,6 +383,11 @@ print(at_most("the half-spacing rule predicts how many updates vanish, within 1%
               max(abs(r.unchanged - r.predicted) / max(1, r.unchanged) for r in lost.values()), 0.01))
 print(at_least("model.half() leaves at least 10x as many weights unchanged as float32 master weights",
                max(1, lost["model.half()"].unchanged) / max(1, lost["fp32 master"].unchanged), 10))
+
+# %%
+n_weights = sum(p.numel() for p in trained.parameters())
+print(f"the model has {n_weights:,} weights; {measured(lost['fp32 master'].meant, ',')} of them get a nonzero "
+      f"update from these gradients (the 'of' above); inf/NaN counts are out of all {n_weights:,}")
 
 # %% [markdown]
 # The half-spacing rule predicts which updates vanish. float32 loses only updates below
@@ -421,8 +450,21 @@ print(check("'high' changes this device's float32 matmul exactly where TF32 exis
             err.high_changes_result == (why_not["tf32"] is None)))
 
 # %% [markdown]
-# On a CPU, `"high"` changes nothing: TF32 is an NVIDIA tensor-core format and there is
-# no TF32 on a CPU. `"medium"` is another matter, and not the same one everywhere. On an
+# TF32 is an NVIDIA tensor-core format. Yet `"high"` is not only a CUDA setting: in this
+# release it also asks oneDNN, the library behind many CPU matmuls, for TF32 math
+# (`torch.backends.mkldnn.matmul.fp32_precision`, since torch 2.9). To oneDNN that is a
+# permission, not an order ("implicit f32->tf32 conversions allowed"), taken where a CPU
+# and the oneDNN build have a faster kernel for it; the check above measured whether
+# `"high"` changed this device's float32 matmul. What the setting asks of each backend:
+
+# %%
+before = torch.get_float32_matmul_precision()
+torch.set_float32_matmul_precision("high")
+print({"cuda": torch.backends.cuda.matmul.fp32_precision, "mkldnn": torch.backends.mkldnn.matmul.fp32_precision})
+torch.set_float32_matmul_precision(before)
+
+# %% [markdown]
+# `"medium"` is another matter, and not the same one everywhere. On an
 # NVIDIA GPU it means TF32, exactly as `"high"` does: CUDA has no bf16 mode for float32
 # matmuls. On a CPU it lets oneDNN run float32 matmuls in bfloat16, where oneDNN has a bf16
 # kernel for that CPU (both set in `Context::setFloat32MatmulPrecision`,
@@ -483,13 +525,15 @@ else:
 #   [01 number formats](01_number_formats.ipynb), the flushed gradients and the scaler
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
 # - Keep master weights in float32: the lost updates and Adam's zero `eps` above.
-# - Activation memory halves under bf16 and fp16 on every device, but the weights, gradients
-#   and optimizer state do not, so a doubled batch does not fit. The speedup needs fast
-#   16-bit matmul kernels (tensor cores, AMX), and Amdahl's law caps it by the matmul share
-#   of the step: measured above, and by `python -m amp_lessons bench --breakdown`.
-# - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs
-#   only; elsewhere it changes nothing. `"medium"` means TF32 on those GPUs too, and lets
-#   oneDNN run a CPU's float32 matmuls in bf16.
+# - The MLPs' activation bytes halve under bf16 and fp16 (a transformer block keeps more:
+#   its float32-list ops save float32), but the weights, gradients and optimizer state do
+#   not shrink, so for these MLPs a doubled batch does not fit. The speedup needs fast 16-bit matmul
+#   kernels (tensor cores, AMX); the matmul share of the step, through Amdahl's law,
+#   estimates it: measured above, and by `python -m amp_lessons bench --breakdown`.
+# - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs; it
+#   also asks oneDNN for TF32, a permission the check above measures on this device.
+#   `"medium"` means TF32 on those GPUs too, and lets oneDNN run a CPU's float32 matmuls
+#   in bf16.
 # - Which precision to use on a given machine: [00 start here](00_start_here.ipynb).
 #
 # ## Watch out
@@ -522,3 +566,27 @@ print(inspect.getsource(broken_setup))
 my_setup = broken_setup  # replace with your fixed copy: def my_setup(device_type): ...
 
 check_setup(my_setup, device)
+
+# %% [markdown]
+# ## Sources
+#
+# What this lesson says of PyTorch and hardware that no cell computes here:
+#
+# - What `"highest"`, `"high"` and `"medium"` select: the docstring of
+#   `torch.set_float32_matmul_precision` (`torch/__init__.py`, whose note still says it affects only CUDA;
+#   docs page "torch.set_float32_matmul_precision"); the oneDNN side:
+#   the "MKLDNN backend" notes (`docs/source/notes/mkldnn.rst`, torch 2.9 on), and
+#   oneDNN's "Floating-point Math Mode" page (`dnnl_fpmath_mode_tf32`).
+# - TF32 drops the low mantissa bits of each input: PyTorch's CUDA semantics notes
+#   ("TensorFloat-32 (TF32) on Ampere (and later) devices", `docs/source/notes/cuda.rst`).
+# - Which ops autocast runs in float32, per device: the Autocast Op Reference,
+#   `docs/source/amp.md` (lesson 02 traces them).
+# - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
+#   whitepapers; AMX-BF16 and AMX-FP16: Intel's Architecture Instruction Set Extensions
+#   Programming Reference.
+# - Tensor cores and the multiple-of-8 rule for 16-bit matmuls: NVIDIA's "Matrix
+#   Multiplication Background User's Guide" (Deep Learning Performance docs); nanoGPT's
+#   vocabulary padded to 50304: karpathy/nanoGPT `train.py` / `model.py`.
+# - Memory-bound ops gain from 16-bit tensors on GPUs: NVIDIA's "Train With Mixed
+#   Precision" guide (Deep Learning Performance docs).
+# - `AdamW(foreach=True)` and `fused=True`: the `torch.optim.AdamW` docs.

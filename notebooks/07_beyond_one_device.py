@@ -18,12 +18,13 @@
 #
 # On one device, mixed precision asks which dtype each op runs in. Once a model is trained on
 # several devices, two more questions come up: which dtype is *communicated* between them, and
-# which dtype each one *keeps*. The answers decide how many bytes go over the wire, how much
+# which dtype each one *keeps*. The answers decide how many bytes each collective moves, how much
 # memory each device needs, and how accurate the summed gradients are.
 #
 # This lesson uses PyTorch's own engine, `torch.distributed`, with two real processes
-# (*ranks*) on this machine. On CPUs they talk through the gloo backend. The same code runs on
-# GPUs with NCCL, one GPU per rank. It covers DDP, which keeps a full copy of the model on
+# (*ranks*) on this machine. On CPUs they talk through the gloo backend; with
+# `DEVICE = "cuda"` the same launch uses NCCL, one GPU per rank (the stored outputs come
+# from CPU ranks). It covers DDP, which keeps a full copy of the model on
 # every rank, and FSDP2 (`fully_shard`), which shards the model across ranks.
 
 # %%
@@ -52,10 +53,13 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # %% [markdown]
 # ## Two processes, started from a notebook
 #
-# `torch.multiprocessing.spawn` does not work from a notebook. It finds the function each
-# rank runs by its name in `__main__`, and a kernel's `__main__` is not a file, so the ranks
-# fail with `Can't get attribute ... on <module '__main__'>`. Instead, the course starts the
-# ranks the way `torchrun` does: N new Python processes, each running the module
+# `torch.multiprocessing.spawn` starts fresh processes and sends each one the function to
+# run by reference: its module and name. A function *defined in a notebook* lives in the
+# kernel's `__main__`, which a fresh process cannot import, so its ranks fail with
+# `Can't get attribute ... on <module '__main__'>` (Python's `multiprocessing` docs: the
+# `__main__` module must be importable by the children). A function imported from a module
+# spawns fine. The course starts the ranks the way `torchrun` does, so that the same
+# command runs from a terminal: N new Python processes, each running the module
 # `amp_lessons.dist_worker`. Each rank learns its rank, the world size and the rendezvous
 # address from environment variables. Each rank writes what it saw to a JSON file, and
 # `launch` reads the files back into the notebook. The ranks' own output stays out of the
@@ -87,7 +91,11 @@ print("the same launch from a terminal:", ddp.command)
 print(D.ddp_table(ddp))
 
 # %% [markdown]
-# The all-reduce is float32 in both runs, and it sends as many bytes. Autocast casts each
+# The all-reduce is float32 in both runs, and it is handed as many bytes. (These byte counts,
+# here and below, are the sizes of the tensors each rank hands to a collective, not what
+# crosses the wire: a ring all-reduce over W ranks sends about 2(W-1)/W times its tensor
+# from each rank, a ring all-gather or reduce-scatter (W-1)/W of the full tensor; the
+# backend picks the algorithm.) Autocast casts each
 # weight to bf16 inside `forward`, and that cast is part of the autograd graph. Its backward
 # casts the gradient back to the weight's dtype, so a gradient always has its parameter's
 # dtype. The parameters are float32 master weights, so DDP's buckets are float32: 4 bytes
@@ -131,9 +139,35 @@ at_least("bf16_compress_hook adds at least 4x the error of fp16_compress_hook",
 at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", errors["fp16 hook"][1], 1e-3)
 
 # %% [markdown]
-# A compress hook rounds every gradient to 16 bits before the sum, and the sum again. It is
-# worth that only where the step waits for the all-reduce, typically between machines:
-# measure your step time with the hook and without it.
+# A compress hook rounds every gradient to 16 bits before the sum, and the sum again. Both
+# hooks also cast *before* they divide by the world size
+# (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient below
+# its smallest subnormal is 0 before the sum starts, and the division pushes more into
+# subnormals. The fp16 hook's arithmetic for 8 ranks, on three float32 gradients:
+
+# %%
+g = torch.tensor([1e-3, 1e-6, 1e-8])
+hooked, exact = g.to(torch.float16).div_(8).float(), g / 8
+for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
+    print(f"gradient {grad:g}: fp16 hook {h:.3g}, float32 {e:.3g}, relative error {abs(h - e) / e:.1%}")
+
+# %% [markdown]
+# The 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%. Under fp16
+# autocast with a GradScaler the gradients reaching DDP are still scaled, which keeps them
+# in range; in float32 or bf16 training they are not. A compress hook is worth its rounding
+# only where the step waits for the all-reduce, typically between machines: measure your
+# step time with the hook and without it.
+#
+# ### Accumulating gradients under DDP: `no_sync`
+#
+# With gradient accumulation, every `backward()` under DDP all-reduces. Inside
+# `with ddp_model.no_sync():` DDP skips it and the gradients add up locally; the first
+# backward after the block all-reduces the sum (the forward must be inside the block too:
+# `DistributedDataParallel.no_sync`'s docstring). With a GradScaler, nothing else changes:
+# `scaler.scale(loss).backward()` for each micro-batch, then `unscale_`, the clip, `step` and
+# `update` once (lesson 04's recipe). FSDP2's counterpart is
+# `model.set_requires_gradient_sync(False)` for all micro-batches but the last. Neither is
+# run here.
 #
 # ## FSDP2: sharded, with a policy for each dtype
 #
@@ -141,7 +175,9 @@ at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", er
 # 0. Just before a layer runs, the ranks *all-gather* its full parameters. After backward they
 # *reduce-scatter* its gradients, so each rank receives the averaged gradient of its own
 # shard. `MixedPrecisionPolicy(param_dtype, reduce_dtype)` sets the dtype of the gathered
-# parameters (so of the layer's computation) and of the reduce-scatter. The spy here is a
+# parameters (so of the layer's computation) and of the reduce-scatter. Its
+# `cast_forward_inputs=True` (the default) also casts each sharded module's floating-point
+# inputs to `param_dtype` before its forward. The spy here is a
 # custom all-gather and reduce-scatter (`set_custom_all_gather`, `set_custom_reduce_scatter`)
 # that records each tensor before sending it the usual way.
 #
@@ -182,7 +218,12 @@ print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
 # FSDP2's policy is not autocast. Every op of a sharded layer runs in `param_dtype`, including
 # the ones autocast would keep in float32, and the model's output is bf16. So the course's
 # ranks compute the loss from `logits.float()`. `MixedPrecisionPolicy(output_dtype=torch.float32)`
-# is another way to do it.
+# is another way to do it for the loss: it casts a sharded module's *outputs*, and leaves
+# the ops inside (a softmax in attention, a norm) in `param_dtype`. To have those in
+# float32, cast inside the module, or wrap the forward in `torch.autocast` as on one
+# device: autocast's lists then apply to the ops inside as well (on CUDA, softmax and the
+# losses run in float32; lesson 02), on top of the gathered 16-bit parameters. This
+# lesson's ranks do not combine the two.
 #
 # ## Why `reduce_dtype=torch.float32`
 #
@@ -258,7 +299,7 @@ loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends})
 
 # %% [markdown]
 # With 2 ranks, then, a bf16 reduce costs little here. The errors above grow with the number of
-# ranks summed, and a large gradient swamps small ones. A float32 reduce-scatter sends twice
+# ranks summed, and a large gradient swamps small ones. A float32 reduce-scatter moves twice
 # the bytes of a bf16 one, and it is the safe default: `reduce_dtype=torch.float32`.
 #
 # ## GradScaler across ranks
@@ -283,20 +324,31 @@ for name in scalers.names:
 
 # %% [markdown]
 # Every rank skipped step 2, and each halved its scale, though only rank 1 saw the inf.
-# `ShardedGradScaler` (in `torch.distributed.fsdp.sharded_grad_scaler`) all-reduces its "found
-# inf" flag over the ranks. `torch.amp.GradScaler` reached the same decision on FSDP2's
-# DTensor gradients. In DDP the inf needs no help: the all-reduce sums it into every rank's
-# gradients before `unscale_` looks at them.
+# `ShardedGradScaler` (in `torch.distributed.fsdp.sharded_grad_scaler`, written for FSDP1,
+# whose sharded gradients are plain tensors) all-reduces its "found inf" flag over the
+# ranks. `torch.amp.GradScaler` reaches the same decision under FSDP2 without being told:
+# FSDP2's gradients are DTensors, and DTensor runs the check GradScaler calls
+# (`_amp_foreach_non_finite_check_and_unscale_`) on each rank's shard, then reduces the
+# "found inf" flag over the mesh with a max (`found_inf_reduce_handler` in
+# `torch/distributed/tensor/_dispatch.py`). So with FSDP2, `torch.amp.GradScaler` is enough.
+# In DDP the inf needs no help: the all-reduce sums it into every rank's gradients before
+# `unscale_` looks at them.
 #
 # ## Memory per rank
 #
 # Training with AdamW keeps three things per parameter: the float32 weight (4 bytes), its
 # float32 gradient (4 bytes) and Adam's two moments, m and v (4 + 4 bytes). That makes 16
-# bytes per parameter. DDP keeps all of it on every rank. FSDP2 keeps 1/W of it on each.
+# bytes per parameter. DDP keeps all of it on every rank, and by default more: with
+# `gradient_as_bucket_view=False` (the default) its all-reduce buckets are a second copy of
+# the gradients, 4 more bytes per parameter; `gradient_as_bucket_view=True` makes each
+# `.grad` a view into its bucket and saves them (the `DistributedDataParallel` docstring).
+# The bucket copies are inside DDP's reducer and are not counted below. FSDP2 keeps 1/W of
+# the 16 bytes on each rank.
 # Mixed precision changes none of these three; it adds a 16-bit copy of the weights while
 # they compute. Under DDP + autocast, that is the bf16 copy of each weight a matmul uses,
-# saved for backward: 2 bytes per parameter at most. Under FSDP2, it is the one layer that is
-# unsharded at a time: 4 bytes per parameter in fp32, 2 in bf16. Activations come on top of
+# saved for backward: 2 bytes per parameter at most. Under FSDP2, it is the unsharded layer
+# that is computing: 4 bytes per parameter of that layer in fp32, 2 in bf16 (prefetching
+# the next layer's all-gather can hold a second one). Activations come on top of
 # all this, and are left out here.
 #
 # With N parameters, W ranks and L parameters in the largest layer, here is this lesson's model
@@ -319,7 +371,8 @@ print(f"rank 0 holds {mem['numel']:,} of {N:,} parameters: weights {mem['params'
       f"{mem['grads']:,} + Adam {mem['optimizer']:,} = {held:,} bytes")
 print("equal to 16 N / W:", held == D.memory_per_rank(N, "FSDP2 (bf16, fp32)", W, L)["kept"])
 whole = ddp["DDP + autocast bf16"][0]["memory"]
-print("a DDP rank holds 16 N:", whole["params"] + whole["grads"] + whole["optimizer"] == 16 * N)
+print("a DDP rank's weights, grads and Adam state are 16 N (its buckets come on top):",
+      whole["params"] + whole["grads"] + whole["optimizer"] == 16 * N)
 
 # %% [markdown]
 # Lesson 05's meter counts the bf16 weight copies that autocast saves for backward, here for
@@ -350,10 +403,11 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 #
 # | | DDP | FSDP2 |
 # |---|---|---|
-# | kept per rank | 16 bytes per parameter: all of it | 16 / W bytes per parameter |
+# | kept per rank | 16 bytes per parameter, + 4 for the buckets unless `gradient_as_bucket_view=True` | 16 / W bytes per parameter |
 # | mixed precision | autocast; the gradients and their all-reduce stay float32 | `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)` |
-# | fewer bytes sent | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
-# | fp16 | one GradScaler per rank; the all-reduce spreads an inf | a scaler that agrees across ranks (`ShardedGradScaler`) |
+# | fewer bytes handed to collectives | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
+# | fp16 | one GradScaler per rank; the all-reduce spreads an inf | `torch.amp.GradScaler`: DTensor agrees its found-inf flag across ranks (`ShardedGradScaler` is FSDP1's) |
+# | gradient accumulation | `with model.no_sync():` for all micro-batches but the last | `model.set_requires_gradient_sync(False)`, likewise |
 # | use it when | 16 bytes per parameter plus activations fit on one device | they do not |
 #
 # ## When a launch goes wrong
@@ -395,25 +449,32 @@ with expect_error(D.BackendUnavailableError):
 # ## Remember
 #
 # - Under DDP + autocast, gradients have their parameters' dtype: the all-reduce is float32,
-#   4 bytes per parameter. A compress hook halves the bytes and rounds every gradient.
+#   4 bytes per parameter. A compress hook halves the bytes handed to the all-reduce and
+#   rounds every gradient.
 # - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and the gradients in float32. It
 #   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`, which
 #   means `param_dtype` when left at None.
 # - Reduce in float32. A 16-bit sum drops small contributions (bf16) or overflows (fp16), and
 #   its error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
-#   with FSDP2, use a scaler that agrees across ranks (`ShardedGradScaler`).
+#   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
+#   `ShardedGradScaler` does (the run above).
 # - With AdamW, weights, gradients and Adam's moments take 16 bytes per parameter, whatever
-#   the compute dtype: on every rank with DDP, divided by W with FSDP2.
+#   the compute dtype: on every rank with DDP (plus 4 for its buckets by default), divided
+#   by W with FSDP2.
 #
 # ## Watch out
 #
 # - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16. Set
 #   `reduce_dtype=torch.float32`.
-# - FSDP2's policy is not autocast: losses and softmaxes run in `param_dtype` unless you cast
-#   (`logits.float()`, or `output_dtype=torch.float32`).
-# - `mp.spawn` fails in notebooks. Launch a module with `torchrun` (or
-#   `python -m torch.distributed.run`) and read what the ranks write to files.
+# - FSDP2's policy is not autocast: every op of a sharded module runs in `param_dtype`.
+#   `logits.float()` or `output_dtype=torch.float32` makes the loss float32, not the
+#   softmaxes inside the model.
+# - `mp.spawn` of a function defined in a notebook fails. Spawn a function imported from a
+#   module, or launch a module with `torchrun` (or `python -m torch.distributed.run`) and
+#   read what the ranks write to files.
+# - `fp16_compress_hook` casts before it divides: unscaled gradients below fp16's range
+#   are lost before the sum.
 # - A crashed run can leave ranks alive that hold the port and the GPUs. Kill the whole
 #   process group, not only the launcher.
 
@@ -433,3 +494,25 @@ from amp_lessons.exercises import check_policy_prediction
 my_prediction = {"sharded": None, "forward": None, "reduce_scatter": None, "gradient": None, "op": None}
 
 check_policy_prediction(my_prediction, fsdp["exercise"][0])
+
+# %% [markdown]
+# ## Sources
+#
+# What this lesson says of PyTorch that its runs do not show:
+#
+# - `mp.spawn` and `__main__`: Python's `multiprocessing` docs ("Programming guidelines",
+#   and the note that the examples need an importable `__main__`).
+# - `gradient_as_bucket_view`, `no_sync`: the `DistributedDataParallel` docstring,
+#   `torch/nn/parallel/distributed.py`.
+# - The compress hooks' cast, then divide: `_compress_hook` in
+#   `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`.
+# - `cast_forward_inputs`, `output_dtype`: `MixedPrecisionPolicy`,
+#   `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`; `set_requires_gradient_sync`:
+#   `torch/distributed/fsdp/_fully_shard/_fully_shard.py`.
+# - FSDP2's prefetching of the next all-gather: the `fully_shard` docs
+#   (`FSDPModule.set_modules_to_forward_prefetch`, and the implicit prefetching they describe).
+# - GradScaler's found-inf flag reduced over the mesh for DTensor gradients:
+#   `found_inf_reduce_handler`, `torch/distributed/tensor/_dispatch.py`.
+# - Which ops CUDA autocast runs in float32: the Autocast Op Reference, `docs/source/amp.md`.
+# - A ring all-reduce sends 2(W-1)/W of its tensor per rank, an all-gather or
+#   reduce-scatter (W-1)/W: NVIDIA's nccl-tests, `doc/PERFORMANCE.md` ("bus bandwidth").

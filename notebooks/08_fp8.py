@@ -16,12 +16,13 @@
 # %% [markdown]
 # # 08 · fp8: a scale for every tensor
 #
-# Hopper and Blackwell GPUs train with 8-bit floats. Two of them: **e4m3** (4 exponent
+# NVIDIA's Ada, Hopper and Blackwell GPUs have tensor cores for 8-bit floats, and large
+# models are trained with them. Two formats: **e4m3** (4 exponent
 # bits, 3 mantissa bits) and **e5m2**. Their range is so short that no tensor is cast to
 # them as it is. Each one is multiplied by a *scale* first, chosen so that its largest
 # value lands on the format's largest value. That is lesson 03's loss scale again, with
-# two differences: it is computed from the tensor itself rather than searched for, and
-# every tensor (or every row) gets its own.
+# two differences: in the recipe this lesson builds, it is computed from the tensor itself
+# rather than searched for, and every tensor (or every row) gets its own.
 #
 # Everything here runs on any device. `torch._scaled_mm`, the fp8 matmul, also runs on a
 # CPU, so every number below is real; only the speed needs an fp8 GPU. You will see:
@@ -109,23 +110,35 @@ with expect_error(NotImplementedError):
 # ## A value too large for e4m3
 #
 # e4m3 has no inf. So what does a cast store for `1e6`? **Predict**, then run. The answer
-# depends on the torch release, so the package asks this one (`e4m3_overflow` casts `1e6`
-# and `inf` once and reads them back):
+# depends on the torch release and on the path the cast takes, so the package asks this
+# one (`e4m3_overflow` casts `1e6` and `inf` once, eagerly on this device, and reads them
+# back):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The answer depends on the torch release: NaN before 2.13, 448 from 2.13 on.
+# The answer depends on the release and the path: see the list below.
 from amp_lessons.formats import bits_of, e4m3_overflow
 
 print(e4m3_overflow())
 print(bits_of(1e6, "fp8_e4m3"))
 
 # %% [markdown]
-# Before torch 2.13 the cast gives NaN; from 2.13 on it gives 448. Colab's torch (2.11
-# when this lesson was written) gives NaN. Both are wrong for `1e6`: NaN poisons everything
-# it touches, 448 is silently off. e5m2 has inf, on every release. Real fp8 code never
-# relies on the plain cast: it clamps to the largest value first (torchao does, for exactly
-# this reason), and so does `saturating_cast`, the same on every release:
+# What an eager cast stores for a value too large for e4m3 (not all run here):
+#
+# - **on a CPU**: NaN before torch 2.13 (the course's 2.11 runs measure it); 448 from 2.13
+#   on, where torch's shared conversion `fp8e4m3fn_from_fp32_value`
+#   (`torch/headeronly/util/Float8_e4m3fn.h`) saturates;
+# - **on a CUDA GPU**: the same shared conversion, except where torch was built with CUDA 13
+#   and the GPU has compute capability 8.9 or more: there the copy kernel uses the GPU's own
+#   conversion with saturation (`ConvertToFloat8E4M3fnOp` in
+#   `aten/src/ATen/native/cuda/Copy.cu`, in recent releases), 448 even where the CPU gives NaN;
+# - **compiled** (`torch.compile`), the cast is generated code (Triton on a GPU, C++ on a
+#   CPU), with its own rule: the probe above does not cover it.
+#
+# Both answers are wrong for `1e6`: NaN poisons everything it touches, 448 is silently off.
+# e5m2 has inf (the cell below). Real fp8 code never relies on the plain cast: it clamps
+# to the largest value first (torchao does, for exactly this reason), and so does
+# `saturating_cast`, the same on every release and path:
 
 # %%
 from amp_lessons.fp8 import saturating_cast
@@ -204,9 +217,10 @@ print(amp_lessons.claims.at_most("inputs and weights fit e4m3 nearly as they are
                                  inputs_weights, 0.02))
 
 # %% [markdown]
-# The gradients are the problem, as in lesson 03, only worse: they span more powers of two
-# than e4m3 has, and they sit far below the inputs and weights, so no single loss scale
-# could move them into range while leaving the others in place.
+# The gradients are the problem, as in lesson 03, only worse: they sit far below the inputs
+# and weights, and they span more powers of two than e4m3 has. A loss scale (lesson 03)
+# multiplies every gradient by one factor and never touches inputs or weights: it can move
+# the gradients' span, but not narrow it to fit e4m3's.
 #
 # ## A scale per tensor
 #
@@ -227,9 +241,12 @@ print(amp_lessons.claims.at_most("dequantized, the gradient is back within half 
                                  err, e4m3.eps / 2))
 
 # %% [markdown]
-# Unlike GradScaler, nothing is searched for: the scale is right from the first step, and
-# the largest value lands on 448 by construction, so nothing can overflow. **Predict** the
-# census now:
+# Unlike GradScaler, nothing is searched for: the scale comes from the tensor being cast
+# (*current*, or dynamic, scaling, as everywhere in this lesson), so the largest value
+# lands on 448 by construction and nothing can overflow. *Delayed* scaling (NVIDIA
+# Transformer Engine's `DelayedScaling` recipe) takes the amax from a history
+# of earlier steps to save a pass over the tensor; a tensor larger than that history can
+# overflow, which is why its cast must saturate. **Predict** the census now:
 
 # %%
 print(census_table(groups, "tensor"))
@@ -260,7 +277,8 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)`, in a higher precision.
 # On a CPU, torch computes exactly that: it dequantizes to float32 and runs a float32
-# matmul (a CPU with AMX may hand per-tensor scales to oneDNN instead). An fp8 GPU feeds
+# matmul (a CPU with AMX may hand per-tensor scales to oneDNN instead:
+# `_scaled_mm_out_cpu`, in ATen's oneDNN code). An fp8 GPU feeds
 # the fp8 values to its tensor cores and applies the scales to the result.
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
@@ -292,19 +310,27 @@ err = ((fp8_out - exact).norm() / exact.norm()).item()
 print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the float32 one", err, e4m3.eps))
 
 # %% [markdown]
-# On CUDA, `_scaled_mm` has stricter rules than on a CPU (aten/src/ATen/native/cuda/ScaledBlas.cpp):
-# compute capability 8.9 or 9.0+; the second operand column-major; its two dimensions and
-# the first operand's inner one multiples of 16; and never e5m2 times e5m2 ("Multiplication
-# of two Float8_e5m2 matrices is not supported"): e5m2 is for gradients, always paired with
-# an e4m3 operand. Per-row scales need torch 2.13 on a CPU (2.11 takes per-tensor scales
-# only); the cell after the hardware table shows what this release and device take.
+# On CUDA, `_scaled_mm` has stricter rules than on a CPU. In torch 2.13's
+# `aten/src/ATen/native/cuda/ScaledBlas.cpp` (not run here): compute capability 8.9 or
+# 9.0+; the second operand column-major (cuBLASLt's layout for fp8); its two dimensions and
+# the first operand's inner one multiples of 16; and, on CUDA but not ROCm, never e5m2
+# times e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported", a cuBLASLt
+# restriction since CUDA 12.1): e5m2 is for gradients, paired with an e4m3 operand. Which
+# output dtypes per-row scales allow depends on the kernel torch picks for the GPU and the
+# cuBLAS release; the course asks for bf16 there. Per-row scales need torch 2.13 on a CPU
+# (2.11 takes per-tensor scales only); the cell after the hardware table shows what this
+# release and device take.
 #
 # ## One outlier channel: per tensor against per row
 #
-# Large models often have a few channels far larger than the rest. Here, a 64 x 64 layer
-# whose output channel 0 (row 0 of the weight) is `2^k` times larger than the others. The
-# error is measured on the *other* outputs. **Predict:** does a 2^8 outlier hurt per-tensor
-# scaling?
+# Large language models have a few channels far larger than the rest. There they sit in
+# the *input features* of a layer, a few columns of the activations `A` (LLM.int8(),
+# Dettmers et al. 2022; SmoothQuant, Xiao et al. 2023). Such a column is in every row of
+# `A`, so every row's amax includes it, and per-row scales cannot isolate it (SmoothQuant
+# moves it into the weights first). The demo here takes the case per-row scales do fix: a
+# 64 x 64 layer whose output channel 0 (row 0 of the weight) is `2^k` times larger than the
+# others. The error is measured on the *other* outputs. **Predict:** does a 2^8 outlier
+# hurt per-tensor scaling?
 
 # %%
 from amp_lessons.fp8 import outlier_sweep
@@ -326,8 +352,8 @@ print(amp_lessons.claims.at_most("with a 2^16 outlier, per-row error is at most 
 # A float's error is relative to the value, so the outlier costs nothing while the other
 # channels stay in e4m3's normal range. Once it pushes them below it, they turn subnormal
 # and then flush to zero, and the per-tensor error climbs to the whole output. Per-row
-# scales give channel 0 its own scale and leave the others where they were. (An outlier
-# *input* feature, a column of `A`, sits in every row: per-row scales cannot isolate that one.)
+# scales give channel 0 its own scale and leave the others where they were. An outlier
+# input feature would not be helped: it is in every row.
 #
 # ## A minimal fp8 linear layer
 #
@@ -457,48 +483,53 @@ else:
 # ## Which hardware runs fp8 fast
 #
 # fp8 pays off only where the matmul runs on fp8 tensor cores: NVIDIA compute capability
-# 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell). `fp8_support` says so
-# for each kind of device:
+# 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell). `fp8_support` answers from
+# a table of compute capabilities (the rules of `ScaledBlas.cpp` above), not from a
+# measurement; no GPU ran this cell:
 
 # %%
 from amp_lessons.hardware import fp8_support
 
+print("fp8_support's table of compute capabilities (not a measurement):")
 for label, kind, cc in [("a CPU", "cpu", None), ("T4", "cuda", (7, 5)), ("A100", "cuda", (8, 0)),
                         ("L4, RTX 4090", "cuda", (8, 9)), ("H100", "cuda", (9, 0)), ("B200", "cuda", (10, 0))]:
     fast, why = fp8_support(kind, cc)
     print(f"{label:<13} {'fast' if fast else 'not fast':<9} {why}")
 
 # %% [markdown]
-# And this machine: the doctor's report (`python -m amp_lessons doctor`), its fp8 verdict,
-# and what this torch release's `_scaled_mm` takes here (`None` means it runs):
+# And this machine: the doctor's report (`python -m amp_lessons doctor`), its fp8 verdict
+# (from the same table), and what this torch release's `_scaled_mm` takes here, probed
+# (`None` means it runs):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(report.table(), end="\n\n")
 fast, why = fp8_support(device.type, report.cuda_capability)
-print(f"{device.type}: {'fast' if fast else 'not fast'}: {why}")
+print(f"{device.type}, from the table: {'fast' if fast else 'not fast'}: {why}")
 print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_support(device))
 print(e4m3_overflow(device))
 
 # %% [markdown]
 # ## Remember
 #
-# - e4m3 (for inputs and weights) spans fewer than half of fp16's powers of two, e5m2 (for
-#   gradients) fewer than fp16 with two mantissa bits; a tensor is never cast as it is.
-# - Each tensor gets `scale = fmt.max / amax`, computed every step: nothing overflows, and
-#   only values far below the largest one flush. Per-row scales flush fewer still.
+# - e4m3 (inputs and weights, 3 mantissa bits) spans fewer than half of fp16's powers of
+#   two. e5m2 (gradients) has fp16's exponent and 2 mantissa bits: fp16's largest values
+#   nearly, but its subnormals stop at 2^-16. A tensor is never cast as it is.
+# - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
+#   nothing overflows, and only values far below the largest one flush. Per-row scales
+#   flush fewer still. Delayed scaling reuses past amaxes and can overflow.
 # - `torch._scaled_mm` is dequantize-then-matmul: on a CPU literally, on an fp8 GPU on
 #   tensor cores. The weights, the optimizer and the output stay in high precision.
 #
 # ## Watch out
 #
-# - What a plain cast stores for a value too large for e4m3 depends on the torch release
-#   (NaN or 448). Clamp before casting, as `saturating_cast` and torchao do.
-# - An all-zero tensor or row has amax 0 and scale inf, and 0 x inf is NaN: floor the amax.
-# - On CUDA: compute capability 8.9+, dimensions multiples of 16, no e5m2 x e5m2. Keep
-#   layers that do not fit (like a 10-class head) in high precision.
-# - An outlier channel costs per-tensor scaling nothing until it pushes the other channels
-#   below e4m3's normal range (the table above); from there on, scale per row.
+# - What a plain cast stores for a value too large for e4m3 depends on the release and the
+#   path (NaN or 448). Clamp before casting, as `saturating_cast` and torchao do.
+# - On CUDA (torch 2.13): compute capability 8.9+, dimensions multiples of 16, no e5m2 x
+#   e5m2. Keep layers that do not fit (like a 10-class head) in high precision.
+# - An outlier output channel costs per-tensor scaling nothing until it pushes the other
+#   channels below e4m3's normal range (the table above); from there on, scale per row. An
+#   outlier input feature is in every row, and per-row scales do not isolate it.
 #
 # ## Exercise: a scale for every row
 #
@@ -520,3 +551,25 @@ print(inspect.getsource(row_scale_as_given))
 my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, name="fp8_e4m3"): ...
 
 check_row_scale(my_row_scale)
+
+# %% [markdown]
+# Once it passes: an all-zero row (a dead unit's gradient) has amax 0, so a plain
+# `max / amax` gives it scale inf, and 0 x inf is NaN. Floor the amax, as `quantize` does.
+#
+# ## Sources
+#
+# What this lesson says of PyTorch and GPUs that no cell computes here:
+#
+# - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value` in
+#   `torch/headeronly/util/Float8_e4m3fn.h` (torch 2.13; `c10/util/Float8_e4m3fn-inl.h`
+#   before), and CUDA's own conversion in `aten/src/ATen/native/cuda/Copy.cu`
+#   (`ConvertToFloat8E4M3fnOp`).
+# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`; e5m2 x e5m2
+#   allowed on ROCm: pytorch/pytorch#148228.
+# - Delayed scaling: NVIDIA Transformer Engine's docs, "Using FP8 with Transformer Engine"
+#   (`recipe.DelayedScaling`); torchao's recipes and `convert_to_float8_training`: torchao's
+#   `torchao/float8/README.md`.
+# - Outlier input features in LLMs: Dettmers et al., "LLM.int8()" (2022); Xiao et al.,
+#   "SmoothQuant" (2023).
+# - Which GPUs have fp8 tensor cores: NVIDIA's Ada and Hopper architecture whitepapers;
+#   the compute capabilities `_scaled_mm` accepts: `ScaledBlas.cpp`.

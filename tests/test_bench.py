@@ -177,7 +177,7 @@ def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
                for r in reasons)
     share = next(r for r in reasons if "the bench mlp" in r)
     assert "34% of fp32's peak rate" in share
-    assert "Amdahl's law caps the step's gain at 1.30x" in share  # 1 / (0.66 + 0.34 / 3.1)
+    assert "Amdahl's law estimates the step's gain, if nothing else changed, at 1.30x" in share  # 1 / (0.66 + 0.34 / 3.1)
     assert "even infinitely fast matmuls: 1.52x" in share and "weighs as much" in share
     fp16 = bench.speed_reasons(result, "fp16")
     assert not any("AMX" in r for r in fp16)  # the fp16 wording never borrows bf16's hardware
@@ -412,7 +412,7 @@ def test_the_breakdown_plot_states_share_and_bound():
 
     fig = plots.step_breakdown(result, "mlp")
     assert fig.axes[0].get_title() == ("mlp: matmuls are 30% of the fp32 step; bf16 ran 1.25x fp32's "
-                                       "speed, Amdahl allows 1.25x")
+                                       "speed, Amdahl's estimate 1.25x")
     assert fig.axes[0].get_xlabel().startswith("ms per Trainer step")
     with pytest.raises(ValueError, match="breakdown=True"):
         plots.step_breakdown(result, "transformer")

@@ -106,7 +106,7 @@ def test_amdahl_against_fp32_reads_both_breakdowns():
     assert a.step_matmul_ratio == 2.0 and a.step_bound == pytest.approx(1 / (0.4 + 0.3))
     assert a.free_rest == pytest.approx(100 / 30)  # fp32's step over bf16's matmuls alone
     assert a.line() == ("bf16 vs fp32: matmuls are 60% of the fp32 step. Amdahl's law: at bf16's peak "
-                        "matmul ratio 3.00x (best sizes) it allows the step at most 1.67x; at the 2.00x "
+                        "matmul ratio 3.00x (best sizes) it estimates the step, if nothing else changed, at 1.67x; at the 2.00x "
                         "its matmuls ran in these steps, 1.43x. Measured: 1.25x profiled, 1.25x timed "
                         "without the profiler. If everything but the matmuls were free: 3.33x.")
     assert fp32.step_gflops == pytest.approx(30.0) and fp32.peak_fraction == pytest.approx(0.3)

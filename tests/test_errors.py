@@ -95,11 +95,56 @@ def test_default_scaler_without_cuda():
 
 
 def test_gradient_penalty_needs_unscaled_gradients():
-    right, right_scales = errors.penalty_run(unscale=True)
-    wrong, wrong_scales = errors.penalty_run(unscale=False)
-    assert wrong[0] / right[0] == pytest.approx(65536, rel=1e-4)  # same weights at step 0
-    assert right_scales == [65536.0] * 4
-    assert wrong_scales == [32768.0, 16384.0, 8192.0, 4096.0]  # every step skipped
+    right = errors.penalty_run(unscale=True)
+    wrong = errors.penalty_run(unscale=False)
+    assert len(right.steps) == len(wrong.steps) == 24
+    assert wrong.steps[0].times_too_large == pytest.approx(65536, rel=1e-3)
+    assert right.skipped() == [] and all(s.scale == 65536.0 for s in right.steps)
+    assert all(s.times_too_large == pytest.approx(1, rel=1e-2) for s in right.steps)
+    # forgotten: the first steps are skipped, each halving the scale, then steps go through
+    first = wrong.first_taken()
+    assert wrong.skipped()[:first - 1] == list(range(1, first)) and 3 < first < 24
+    assert [s.scale for s in wrong.steps[:first]] == [65536.0 / 2**i for i in range(first)]
+    taken = [s for s in wrong.steps if not s.skipped]
+    assert all(s.times_too_large == pytest.approx(s.scale, rel=0.05) for s in taken)
+    assert wrong.final_loss > 5 * right.final_loss
+    assert wrong.scales_line().startswith("65536s, 32768s")
+
+
+def test_masked_fill_overflows_float16_and_finfo_min_does_not():
+    q = torch.randn(4, 8)
+    causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    with pytest.raises(RuntimeError, match=r"^value cannot be converted to type c10::Half without overflow$"):
+        errors.masked_scores(q, q, causal)
+    fixed = errors.masked_scores_fixed(q, q, causal)
+    assert fixed.dtype == torch.float16 and int((fixed == torch.finfo(torch.float16).min).sum()) == 6
+
+
+def test_conv_outside_autocast_names_the_bias():
+    body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    with pytest.raises(RuntimeError, match=r"^Input type \(c10::BFloat16\) and bias type \(float\) should be the same$"):
+        errors.head_outside_autocast(body, torch.nn.Conv2d(4, 2, 3), torch.randn(1, 3, 8, 8))
+
+
+def test_stepping_an_optimizer_without_gradients():
+    with pytest.raises(AssertionError, match=r"^No inf checks were recorded for this optimizer\.$"):
+        errors.alternating_run(errors.train_alternating_stepping_both)
+    assert errors.alternating_run(errors.train_alternating) == (
+        "4 iterations: model 1 stepped 2 times, model 2 2 times")
+
+
+def test_bf16_model_with_float32_class_weights():
+    x, y = errors.tiny_batches(1)[0]
+    with pytest.raises(RuntimeError, match=r"^expected scalar type BFloat16 but found Float$"):
+        errors.weighted_loss_of_bf16_model(errors.tiny_model(), x, y, torch.ones(4))
+    assert errors.weighted_loss_under_autocast(errors.tiny_model(), x, y, torch.ones(4)).dtype == torch.float32
+
+
+def test_bf16_cuda_autocast_on_a_simulated_gpu_without_bf16():
+    real = torch.cuda.is_available
+    with pytest.raises(RuntimeError, match=r"^Current CUDA Device does not support bfloat16\. Please switch"):
+        errors.bf16_autocast_on_gpu_without_bf16()
+    assert torch.cuda.is_available is real  # restored
 
 
 def test_bce_cpu_runs_in_float32_and_cuda_refuses_it_replayed():

@@ -381,6 +381,8 @@ def test_row_scale_exercise_checker():
     assert right.passed and str(right).count("right:") == 2
     assert check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name, power_of_2=True)).passed
     assert "shape ()" in str(check_row_scale(lambda x, name: scale_from_amax(amax(x), name)))
+    per_tensor = check_row_scale(lambda x, name: scale_from_amax(amax(x), name).expand(x.shape[0], 1))
+    assert not per_tensor.passed and "per-tensor scaling" in str(per_tensor) and "its own amax" in str(per_tensor)
     too_big = check_row_scale(lambda x, name: 2 * scale_from_amax(amax(x, "row"), name))
     assert not too_big.passed and "too large for 448" in str(too_big)
     too_small = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name) / 4)

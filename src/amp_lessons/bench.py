@@ -702,7 +702,7 @@ def _share_reason(label, share, profiled, name, ratio) -> str:
     if ratio is not None and share > 0:
         bound = bd.amdahl_bound(share, ratio)
         if ratio >= 1:
-            text += (f"; with only the matmuls {ratio:.2f}x faster, Amdahl's law caps the step's gain at "
+            text += (f"; with only the matmuls {ratio:.2f}x faster, Amdahl's law estimates the step's gain, if nothing else changed, at "
                      f"{bound:.2f}x")
         else:
             text += f"; with the matmuls at {ratio:.2f}x fp32's speed, the step can only lose: {bound:.2f}x"

@@ -232,7 +232,7 @@ class Amdahl:
     measured: float | None
 
     def line(self) -> str:
-        verb = "allows the step at most" if self.matmul_ratio >= 1 else "predicts the step at"
+        verb = "estimates the step, if nothing else changed, at"
         text = (f"{self.precision} vs fp32: matmuls are {self.share:.0%} of the fp32 step. Amdahl's law: at "
                 f"{self.precision}'s peak matmul ratio {self.matmul_ratio:.2f}x (best sizes) it {verb} "
                 f"{self.bound:.2f}x")

@@ -97,17 +97,21 @@ def train_stepping_scheduler_always(model, opt, scheduler, batches):
 
 
 def train_stepping_scheduler_after_real_steps(model, opt, scheduler, batches):
-    """Fix (row 1): step the scheduler only when the optimizer stepped (the scale did not drop)."""
+    """Fix (row 1): step the scheduler only when the optimizer stepped (the scale did not drop).
+    ``get_scale()`` copies the scale to the CPU (on CUDA it waits for the GPU), so the loop
+    reads it once per step and keeps the last value."""
     scaler = torch.amp.GradScaler("cpu")
+    scale = scaler.get_scale()
     for x, y in batches:
         with torch.autocast("cpu", dtype=torch.float16):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
-        scale = scaler.get_scale()
         scaler.step(opt)
         scaler.update()
-        if scaler.get_scale() >= scale:  # the step was not skipped
+        new_scale = scaler.get_scale()  # one read per step
+        if new_scale >= scale:  # the step was not skipped
             scheduler.step()
+        scale = new_scale
         opt.zero_grad(set_to_none=True)
 
 
@@ -286,6 +290,21 @@ def attention(q, k, v, dtype=torch.float16, scale_first: bool = False):
         return scores, weights, weights @ v
 
 
+def masked_scores(q, k, mask, dtype=torch.float16):
+    """Mistake (row 6): attention scores under autocast, masked with ``-1e9``, which float16
+    cannot hold (its largest magnitude is 65504)."""
+    with torch.autocast("cpu", dtype=dtype):
+        scores = q @ k.T / q.shape[-1] ** 0.5
+        return scores.masked_fill(mask, -1e9)
+
+
+def masked_scores_fixed(q, k, mask, dtype=torch.float16):
+    """Fix (row 6): mask with the most negative value the scores' dtype holds."""
+    with torch.autocast("cpu", dtype=dtype):
+        scores = q @ k.T / q.shape[-1] ** 0.5
+        return scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+
+
 def overflow_report(scores, weights, output) -> str:
     """Counts of inf and NaN along the attention, and the loss that follows."""
     loss = output.float().pow(2).mean()
@@ -372,16 +391,61 @@ def penalty_step(model, opt, scaler, x, y, unscale: bool = True):
     return penalty.detach()
 
 
-def penalty_run(unscale: bool, steps: int = 4) -> tuple[list[float], list[float]]:
-    """:func:`penalty_step` ``steps`` times on the tiny MLP: ``(penalties, scales after each step)``."""
+@dataclass(frozen=True)
+class PenaltyStep:
+    """One step of :func:`penalty_run`: the scale it ran at, whether GradScaler skipped it,
+    the penalty the loss carried, and the true penalty (the norm of the unscaled gradients of
+    the same weights and batch, computed in float32)."""
+
+    scale: float
+    skipped: bool
+    penalty: float
+    true_penalty: float
+
+    @property
+    def times_too_large(self) -> float:
+        """The penalty the loss carried, over the true one."""
+        return self.penalty / self.true_penalty
+
+
+@dataclass(frozen=True)
+class PenaltyRun:
+    """:func:`penalty_run`'s steps, and the cross entropy of all its batches after the last one."""
+
+    steps: list
+    final_loss: float
+
+    def skipped(self) -> list[int]:
+        """The steps GradScaler skipped, counted from 1."""
+        return [i + 1 for i, s in enumerate(self.steps) if s.skipped]
+
+    def first_taken(self) -> int:
+        """The first step GradScaler took, counted from 1 (0 if it took none)."""
+        return next((i + 1 for i, s in enumerate(self.steps) if not s.skipped), 0)
+
+    def scales_line(self) -> str:
+        """The scale of every step, a skipped one marked ``s``."""
+        return ", ".join(f"{s.scale:g}{'s' * s.skipped}" for s in self.steps)
+
+
+def penalty_run(unscale: bool, steps: int = 24) -> PenaltyRun:
+    """:func:`penalty_step` ``steps`` times on the tiny MLP with SGD (lr 0.1), each step's
+    true penalty computed beside it (the gradient norm of the plain float32 loss)."""
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
-    penalties, scales = [], []
-    for x, y in tiny_batches(steps):
-        penalties.append(float(penalty_step(model, opt, scaler, x, y, unscale=unscale)))
-        scales.append(scaler.get_scale())
-    return penalties, scales
+    batches = tiny_batches(steps)
+    out = []
+    for x, y in batches:
+        grads = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+        true = float(torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt())
+        scale = scaler.get_scale()
+        penalty = float(penalty_step(model, opt, scaler, x, y, unscale=unscale))
+        out.append(PenaltyStep(scale, scaler.get_scale() < scale, penalty, true))
+    with torch.no_grad():
+        xs, ys = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+        final = float(F.cross_entropy(model(xs), ys))
+    return PenaltyRun(out, final)
 
 
 # --- 10. binary_cross_entropy: CPU runs it, CUDA refuses it -----------------------------------
@@ -447,13 +511,22 @@ def simulated_t4():
     """Inside, torch's device queries answer as on Colab's T4 (compute capability 7.5, where a
     bf16 tensor can be made, by emulation): ``torch.cuda.is_bf16_supported`` itself is not
     patched, so its own logic gives the answers. Restored on exit."""
-    props = SimpleNamespace(major=7, minor=5, name="Tesla T4", total_memory=15 * 2**30)
+    with simulated_gpu(7, 5, "Tesla T4", bf16_tensors=True) as props:
+        yield props
+
+
+@contextlib.contextmanager
+def simulated_gpu(major: int, minor: int, name: str, bf16_tensors: bool):
+    """Inside, torch's device queries answer as one CUDA GPU of compute capability
+    ``(major, minor)`` would, ``bf16_tensors`` saying whether a bfloat16 tensor can be made on
+    it (the test ``is_bf16_supported`` makes below 8.0). Restored on exit."""
+    props = SimpleNamespace(major=major, minor=minor, name=name, total_memory=15 * 2**30)
     patches = {
         "is_available": lambda: True,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
         "get_device_properties": lambda device=None: props,
-        "_check_bf16_tensor_supported": lambda device=None: True,  # a T4 can hold bf16 tensors
+        "_check_bf16_tensor_supported": lambda device=None: bf16_tensors,
     }
     saved = {name: getattr(torch.cuda, name) for name in patches}
     try:
@@ -494,6 +567,67 @@ def t4_bf16_verdict(device=None) -> Verdict:
              and not answers["torch.cuda.is_bf16_supported(including_emulation=False)"]
              and answers["report: recommended precision"].startswith("fp16"))
     return check(claim, holds, "simulated T4 (compute capability 7.5): this machine has no pre-Ampere GPU")
+
+
+# --- 12. three more messages ---------------------------------------------------------------
+
+
+def train_alternating_stepping_both(models, opts, batches):
+    """Mistake (row 12a): two models trained in turn (a GAN's two halves, say), one scaler;
+    every iteration steps both optimizers, though only one model had a backward."""
+    scaler = torch.amp.GradScaler("cpu")
+    for i, (x, y) in enumerate(batches):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(models[i % 2](x), y)  # this iteration trains one model
+        scaler.scale(loss).backward()
+        for opt in opts:
+            scaler.step(opt)  # the other optimizer's parameters have no gradients
+        scaler.update()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+
+
+def train_alternating(models, opts, batches):
+    """Fix (row 12a): step only the optimizer of the model whose loss went backward."""
+    scaler = torch.amp.GradScaler("cpu")
+    for i, (x, y) in enumerate(batches):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(models[i % 2](x), y)  # this iteration trains one model
+        scaler.scale(loss).backward()
+        scaler.step(opts[i % 2])
+        scaler.update()
+        opts[i % 2].zero_grad(set_to_none=True)
+
+
+def alternating_run(loop, steps: int = 4) -> str:
+    """``loop`` on two tiny models with SGD: how many times each model's weights moved."""
+    models = [tiny_model(1), tiny_model(2)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    counts = [0, 0]
+    for j, opt in enumerate(opts):
+        opt.register_step_post_hook(lambda *_, j=j: counts.__setitem__(j, counts[j] + 1))
+    loop(models, opts, tiny_batches(steps))
+    return f"{steps} iterations: model 1 stepped {counts[0]} times, model 2 {counts[1]} times"
+
+
+def weighted_loss_of_bf16_model(model, x, y, class_weights):
+    """Mistake (row 12b): the model cast to bfloat16 (``model.to(torch.bfloat16)``), and a
+    float32 class-weight tensor in the loss."""
+    model.to(torch.bfloat16)
+    return F.cross_entropy(model(x.to(torch.bfloat16)), y, weight=class_weights)
+
+
+def weighted_loss_under_autocast(model, x, y, class_weights):
+    """Fix (row 12b): float32 weights and autocast, which runs ``cross_entropy`` in float32."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return F.cross_entropy(model(x), y, weight=class_weights)
+
+
+def bf16_autocast_on_gpu_without_bf16() -> None:
+    """``torch.autocast("cuda", dtype=torch.bfloat16)`` on a simulated GPU below compute
+    capability 8.0 on which no bfloat16 tensor can be made: its constructor raises (row 12c)."""
+    with simulated_gpu(6, 0, "a pre-Ampere GPU that cannot hold bfloat16", bf16_tensors=False):
+        torch.autocast("cuda", dtype=torch.bfloat16)
 
 
 # --- the GPU self-check ---------------------------------------------------------------------

@@ -608,7 +608,7 @@ def check_row_scale(fn) -> Verdict:
             return Verdict(False, [f"fn(x, {name!r}) returned {type(scale).__name__}: return a tensor of scales"])
         if tuple(scale.shape) != (x.shape[0], 1):
             return Verdict(False, [f"{name}: the scales have shape {tuple(scale.shape)}; per row means one "
-                                   f"per row, shape ({x.shape[0]}, 1): x.abs().amax(dim=1, keepdim=True)"])
+                                   f"per row, shape ({x.shape[0]}, 1), each from that row's own amax"])
         if scale.dtype != torch.float32:
             passed = False
             findings.append(f"{name}: the scales are {scale.dtype}; torch._scaled_mm takes float32 scales")
@@ -626,11 +626,15 @@ def check_row_scale(fn) -> Verdict:
         if over:
             passed = False
             findings.append(f"{name}: row {over[0]} reaches {peak[over[0]].item():g} after scaling, too "
-                            f"large for {top:g}: it would saturate (or be NaN on torch before 2.13)")
+                            f"large for {top:g}: the cast would saturate it (or make it NaN, on a CPU before torch 2.13)")
         if low:
             passed = False
+            same = bool((scale == scale.flatten()[0]).all())
+            why = ("every row got the same scale, which is per-tensor scaling: the largest row sets it and "
+                   "the small rows land low. Per row, each row's scale comes from its own amax"
+                   if same else f"use scale = {top:g} / the row's amax, so the row uses the whole range")
             findings.append(f"{name}: row {low[0]}'s largest value lands at {peak[low[0]].item():g}, below "
-                            f"half of {top:g}: use scale = {top:g} / amax, so the row uses the whole range")
+                            f"half of {top:g}: {why}")
         if not over and not low:
             findings.append(f"{name}: right: every nonzero row's largest value lands between {top / 2:g} "
                             f"and {top:g}, and the all-zero row gets a finite scale")

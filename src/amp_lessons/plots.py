@@ -559,7 +559,7 @@ def step_breakdown(result, model: str = "mlp"):
         title += f": matmuls are {fp32.matmul_share:.0%} of the fp32 step"
         other = next((result.amdahl(model, b.precision) for b in bds if b.precision != "fp32"), None)
         if other is not None and other.measured is not None:
-            title += (f"; {other.precision} ran {other.measured:.2f}x fp32's speed, Amdahl allows "
+            title += (f"; {other.precision} ran {other.measured:.2f}x fp32's speed, Amdahl's estimate "
                       f"{other.bound:.2f}x")
     ax.set_title(title, fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
