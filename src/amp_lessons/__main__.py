@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .lint import cli as lint_cli
+
 
 def _doctor(args) -> int:
     from .hardware import hardware_report
@@ -36,17 +38,24 @@ def build_parser() -> argparse.ArgumentParser:
     from . import selfcheck
 
     selfcheck.add_parser(sub)
-    from . import lint
-
-    lint.add_parser(sub)  # python -m amp_lessons lint FILE.py (lesson 06)
+    lint_cli.add_parser(sub)  # python -m amp_lessons lint PATH (lesson 06)
     from . import distributed
 
     distributed.add_parser(sub)  # python -m amp_lessons dist (lesson 07)
     return parser
 
 
+def lint_parser() -> argparse.ArgumentParser:
+    """The parser of ``lint`` alone: a static check imports none of torch."""
+    parser = argparse.ArgumentParser(prog="python -m amp_lessons", description=__doc__)
+    lint_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = lint_parser() if argv[:1] == ["lint"] else build_parser()
+    args = parser.parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, RuntimeError) as err:
