@@ -48,7 +48,6 @@ from dataclasses import dataclass
 
 from .rules import BY_NAME, RULES, Context
 from .source import LintError, Source, parse, source_of
-from .walk import find_roles
 
 CHECKS = {rule.name: rule.lesson for rule in RULES}
 CONVENTIONS = {rule.name for rule in RULES if rule.kind == "note"}
@@ -125,7 +124,7 @@ def check_source(source: Source) -> Findings:
     """:func:`check_loop` on a :class:`~.source.Source` already read."""
     tree = parse(source.text, source.name)
     try:
-        ctx = Context(tree, find_roles(tree))
+        ctx = Context(tree)
         found = {(line, rule.name): message for rule in RULES for line, message in rule.check(ctx)}
     except (RecursionError, MemoryError) as err:
         raise LintError(f"cannot check {source.name}: it is nested too deeply to follow "

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from .walk import Roles, Unit, dotted, earlier, key, last, names_in, units_of
+from .walk import Index, Unit, dotted, earlier, find_roles, key, last, names_in, units_of
 
 DEPRECATED = ("torch.cuda.amp", "torch.cpu.amp")
 TORCH_SCALERS = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler", "GradScaler"}
@@ -27,30 +27,29 @@ class Context:
     """What every rule reads: the tree, the roles of its names, its units, and the parent of
     each node (computed when a rule first asks)."""
 
-    def __init__(self, tree: ast.Module, roles: Roles):
-        self.tree, self.roles = tree, roles
-        self.units = units_of(tree, roles)
-        self.nodes = list(ast.walk(tree))
+    def __init__(self, tree: ast.Module):
+        self.tree, self.index = tree, Index(tree)
+        self.roles = find_roles(self.index)
+        self.units = units_of(self.index, self.roles)
+        self.parents = self.index.parents
         self.modern: dict[int, bool] = {}  # a fallback's other arm spells torch.amp
-
-    @cached_property
-    def parents(self) -> dict[int, ast.AST]:
-        return {id(c): n for n in self.nodes for c in ast.iter_child_nodes(n)}
 
     @cached_property
     def device_check(self) -> ast.Call | None:
         """The ``torch.cuda.is_available()`` (or ``mps``/``xpu``) that picks another device when
         it is False (``"cuda" if torch.cuda.is_available() else "cpu"``): code that also runs
         without CUDA. A check that only logs or asserts does not count."""
-        for n in self.nodes:
-            if isinstance(n, (ast.IfExp, ast.If)):
-                check = next((c for c in ast.walk(n.test) if isinstance(c, ast.Call) and isinstance(
-                    c.func, ast.Attribute) and c.func.attr == "is_available"
-                    and last(dotted(c.func.value)) in ("cuda", "mps", "xpu")), None)
-                other = n.orelse if isinstance(n.orelse, list) else [n.orelse]
-                if check is not None and any(isinstance(c, ast.Constant) and c.value in ("cpu", "mps", "xpu")
-                                             for part in other for c in ast.walk(part)):
-                    return check
+        for call in self.index.of(ast.Call):
+            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "is_available"
+                    and last(dotted(call.func.value)) in ("cuda", "mps", "xpu")):
+                continue
+            child, parent = call, self.parents.get(id(call))
+            while parent is not None and not (isinstance(parent, (ast.IfExp, ast.If)) and child is parent.test):
+                child, parent = parent, self.parents.get(id(parent))
+            other = [] if parent is None else parent.orelse if isinstance(parent.orelse, list) else [parent.orelse]
+            if any(isinstance(c, ast.Constant) and c.value in ("cpu", "mps", "xpu")
+                   for part in other for c in ast.walk(part)):
+                return call
         return None
 
     def events(self, *kinds):
@@ -80,7 +79,7 @@ def deprecated_amp(ctx: Context):
     the ``torch.amp`` spelling (``A if new_torch else B``, an ``else:``, an ``except``) is the
     right way to support old torch and is not reported."""
     seen = set()
-    for node in ctx.nodes:
+    for node in ctx.index.of(ast.Import, ast.ImportFrom, ast.Attribute):
         spelled = None
         if isinstance(node, ast.Import):
             spelled = next((a.name for a in node.names if a.name.startswith(DEPRECATED)), None)
@@ -195,9 +194,9 @@ def half_with_scaler(ctx: Context):
     if not (ctx.roles.scaler_builds or ctx.roles.scalers):
         return
     assigned_to = {id(node.value): [dotted(t) for t in node.targets if dotted(t)]
-                   for node in ctx.nodes if isinstance(node, ast.Assign)}
-    for node in ctx.nodes:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                   for node in ctx.index.of(ast.Assign)}
+    for node in ctx.index.of(ast.Call):
+        if not isinstance(node.func, ast.Attribute):
             continue
         attr = node.func.attr
         is_half = attr == "half" and not node.args and not node.keywords
@@ -241,12 +240,11 @@ def fp16_without_scaler(ctx: Context):
         backward = backward or e
     if backward is None:
         return
-    if any(isinstance(n, (ast.Name, ast.Attribute)) and "scaler" in last(dotted(n) or getattr(n, "attr", ""))
-           for n in ctx.nodes):
+    if any("scaler" in n.id.lower() for n in ctx.index.of(ast.Name)) or any(
+            "scaler" in n.attr.lower() for n in ctx.index.of(ast.Attribute)):
         return
-    for node in ctx.nodes:
-        if isinstance(node, ast.Call) and (roles.resolve(dotted(node.func)) or "").endswith("autocast") \
-                and _autocast_float16(node):
+    for node in ctx.index.of(ast.Call):
+        if (roles.resolve(dotted(node.func)) or "").endswith("autocast") and _autocast_float16(node):
             yield node.lineno, ("autocast in float16 (its default on CUDA when no dtype is given) and a "
                                 "plain loss.backward() (line "
                                 f"{backward.line}), with no GradScaler in this file: gradients below "

@@ -86,7 +86,9 @@ def decode(data: bytes, name: str) -> str:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as err:
-        raise LintError(f"cannot read {name}: {err}. Fix its coding line, or save it as UTF-8") from err
+        if b"coding" in b"\n".join(data.splitlines()[:2]):
+            raise LintError(f"cannot read {name}: {err}. Fix its coding line, or save it as UTF-8") from err
+        encoding = "utf-8"  # not UTF-8 in its first lines: say which byte, below
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as err:

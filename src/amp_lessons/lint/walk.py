@@ -76,6 +76,50 @@ def calls_in_order(node):
     return out
 
 
+EVENT_ATTRS = {"backward", "manual_backward", "unscale_", "zero_grad", "update", "step"} | CLIPS
+
+
+class Index:
+    """One pass over the tree: its nodes by type, each node's parent, and the calls that may
+    be events, by the statement they are in (in evaluation order: a call's receiver and
+    arguments end before it does). A call inside a lambda belongs to no statement's flow."""
+
+    def __init__(self, tree: ast.AST):
+        self.tree = tree
+        self.by_type: dict[type, list] = {}
+        self.parents: dict[int, ast.AST] = {}
+        stack = [tree]
+        while stack:
+            node = stack.pop()
+            self.by_type.setdefault(type(node), []).append(node)
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
+                stack.append(child)
+        self.calls_by_stmt: dict[int, list] = {}
+        for call in self.of(ast.Call):
+            func = call.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name not in EVENT_ATTRS:
+                continue
+            stmt = self.statement_of(call)
+            if stmt is not None:
+                self.calls_by_stmt.setdefault(id(stmt), []).append(call)
+        for calls in self.calls_by_stmt.values():
+            calls.sort(key=lambda c: (c.end_lineno, c.end_col_offset))
+
+    def of(self, *types) -> list:
+        if len(types) == 1:
+            return self.by_type.get(types[0], [])
+        return [n for t in types for n in self.by_type.get(t, [])]
+
+    def statement_of(self, node) -> ast.stmt | None:
+        while node is not None and not isinstance(node, ast.stmt):
+            if isinstance(node, ast.Lambda):
+                return None
+            node = self.parents.get(id(node))
+        return node
+
+
 # --- what the names are ----------------------------------------------------------------------
 
 
@@ -133,22 +177,19 @@ def built_by(value) -> list[ast.Call]:
     return [value] if isinstance(value, ast.Call) else []
 
 
-def find_roles(tree: ast.AST) -> Roles:
+def find_roles(index: Index) -> Roles:
     roles = Roles()
-    nodes = list(ast.walk(tree))
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                roles.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for a in node.names:
-                roles.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    for node in nodes:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+    for node in index.of(ast.Import):
+        for a in node.names:
+            roles.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+    for node in index.of(ast.ImportFrom):
+        for a in node.names if node.module else ():
+            roles.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in index.of(ast.Assign, ast.AnnAssign):
+        if node.value is not None:
             for call in built_by(node.value):
                 _role_of_built(roles, roles.resolve(dotted(call.func)) or "", targets(node))
-        if not isinstance(node, ast.Call):
-            continue
+    for node in index.of(ast.Call):
         what = roles.resolve(dotted(node.func)) or ""
         if what.endswith("GradScaler"):
             roles.scaler_builds.append(node)
@@ -236,8 +277,8 @@ class Unit:
     """One function body (or the module's top level): its statements, the calls in them, what
     each name was assigned, and (after :meth:`follow`) the state at each call."""
 
-    def __init__(self, body: list, roles: Roles):
-        self.body, self.roles = body, roles
+    def __init__(self, body: list, roles: Roles, index: Index):
+        self.body, self.roles, self.index = body, roles, index
         self.events: list[Event] = []
         self.by_kind: dict[str, list[Event]] = {}
         self.by_stmt: dict[int, list[Event]] = {}
@@ -295,7 +336,7 @@ class Unit:
                 self._calls(stmt, stmt, frames, autocast)
 
     def _calls(self, node, stmt, frames, autocast):
-        for call in calls_in_order(node):
+        for call in self.index.calls_by_stmt.get(id(stmt), ()):
             event = self._classify(call, frames, autocast)
             if event is not None:
                 event.stmt = stmt
@@ -384,10 +425,10 @@ class Unit:
         return self.flow
 
 
-def units_of(tree: ast.Module, roles: Roles) -> list[Unit]:
+def units_of(index: Index, roles: Roles) -> list[Unit]:
     """The module's top level, then every function, each as one :class:`Unit`."""
-    units = [Unit(list(tree.body), roles)]
-    units += [Unit(n.body, roles) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    units = [Unit(list(index.tree.body), roles, index)]
+    units += [Unit(n.body, roles, index) for n in index.of(ast.FunctionDef, ast.AsyncFunctionDef)]
     return units
 
 
