@@ -206,7 +206,13 @@ def test_lint_leaves_torch_unimported(tmp_path):
 
 def test_the_package_exports_still_import():
     import amp_lessons
-    from amp_lessons import PRECISIONS, hardware_report, parse_precision, pick_device, seed_everything
+    from amp_lessons import (
+        PRECISIONS,
+        hardware_report,
+        parse_precision,
+        pick_device,
+        seed_everything,
+    )
 
     assert callable(hardware_report) and callable(pick_device) and callable(seed_everything)
     assert parse_precision("bf16") in PRECISIONS
