@@ -88,13 +88,21 @@ class Index:
         self.tree = tree
         self.by_type: dict[type, list] = {}
         self.parents: dict[int, ast.AST] = {}
+        fields: dict[type, list] = {}
         stack = [tree]
-        while stack:
+        while stack:  # ast.walk, without the Load/Store and operator leaves: every node once
             node = stack.pop()
-            self.by_type.setdefault(type(node), []).append(node)
-            for child in ast.iter_child_nodes(node):
-                self.parents[id(child)] = node
-                stack.append(child)
+            kind = type(node)
+            if kind not in fields:
+                fields[kind] = [f for f in kind._fields if f not in ("ctx", "op")]
+                self.by_type[kind] = []
+            self.by_type[kind].append(node)
+            for name in fields[kind]:
+                value = getattr(node, name, None)
+                for child in value if type(value) is list else (value,):
+                    if isinstance(child, ast.AST):
+                        self.parents[id(child)] = node
+                        stack.append(child)
         self.calls_by_stmt: dict[int, list] = {}
         for call in self.of(ast.Call):
             func = call.func
