@@ -31,7 +31,6 @@ class Context:
         self.tree, self.index = tree, Index(tree)
         self.roles = find_roles(self.index)
         self.units = units_of(self.index, self.roles)
-        self.parents = self.index.parents
         self.modern: dict[int, bool] = {}  # a fallback's other arm spells torch.amp
 
     @cached_property
@@ -43,9 +42,9 @@ class Context:
             if not (isinstance(call.func, ast.Attribute) and call.func.attr == "is_available"
                     and last(dotted(call.func.value)) in ("cuda", "mps", "xpu")):
                 continue
-            child, parent = call, self.parents.get(id(call))
+            child, parent = call, self.index.parents.get(id(call))
             while parent is not None and not (isinstance(parent, (ast.IfExp, ast.If)) and child is parent.test):
-                child, parent = parent, self.parents.get(id(parent))
+                child, parent = parent, self.index.parents.get(id(parent))
             other = [] if parent is None else parent.orelse if isinstance(parent.orelse, list) else [parent.orelse]
             if any(isinstance(c, ast.Constant) and c.value in ("cpu", "mps", "xpu")
                    for part in other for c in ast.walk(part)):
@@ -118,7 +117,7 @@ def _modern(part) -> bool:
 
 
 def _is_fallback(ctx: Context, node) -> bool:
-    child, parent = node, ctx.parents.get(id(node))
+    child, parent = node, ctx.index.parents.get(id(node))
     while parent is not None:
         other = None
         if isinstance(parent, ast.IfExp) and child is not parent.test:
@@ -133,7 +132,7 @@ def _is_fallback(ctx: Context, node) -> bool:
                 ctx.modern[ident] = _modern(other)
             if ctx.modern[ident]:
                 return True
-        child, parent = parent, ctx.parents.get(id(parent))
+        child, parent = parent, ctx.index.parents.get(id(parent))
     return False
 
 
@@ -214,8 +213,8 @@ def half_with_scaler(ctx: Context):
 
 def _cast_back(ctx: Context, call: ast.Call) -> bool:
     """Is ``call``'s result cast on to float32 in the same expression (``.half().float()``)?"""
-    attr = ctx.parents.get(id(call))
-    outer = ctx.parents.get(id(attr)) if isinstance(attr, ast.Attribute) else None
+    attr = ctx.index.parents.get(id(call))
+    outer = ctx.index.parents.get(id(attr)) if isinstance(attr, ast.Attribute) else None
     if not (isinstance(outer, ast.Call) and outer.func is attr):
         return False
     args = [*outer.args, *[k.value for k in outer.keywords]]

@@ -23,6 +23,8 @@ LOOP_PASSES = 3  # a loop body is followed until its entry state stops changing,
 
 def dotted(node) -> str | None:
     """``a.b.c`` for a chain of names and attributes (``self.scaler``); None otherwise."""
+    if type(node) is ast.Name:
+        return node.id
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -76,42 +78,44 @@ def calls_in_order(node):
     return out
 
 
+ROLE_CALLS = {"unscale_", "parameters", "named_parameters", "backward"}
 EVENT_ATTRS = {"backward", "manual_backward", "unscale_", "zero_grad", "update", "step"} | CLIPS
 
 
 class Index:
-    """One pass over the tree: its nodes by type, each node's parent, and the calls that may
-    be events, by the statement they are in (in evaluation order: a call's receiver and
-    arguments end before it does). A call inside a lambda belongs to no statement's flow."""
+    """One pass over the tree: its nodes by type, and the calls that may be events by the
+    statement they are in (in evaluation order: a call's receiver and arguments end before
+    it does); a call inside a lambda belongs to no statement's flow. Each node's parent is
+    worked out only when a rule first asks (:attr:`parents`)."""
 
     def __init__(self, tree: ast.AST):
         self.tree = tree
         self.by_type: dict[type, list] = {}
-        self.parents: dict[int, ast.AST] = {}
+        self.calls_by_stmt: dict[int, list] = {}
+        self._parents: dict[int, ast.AST] | None = None
         fields: dict[type, list] = {}
-        stack = [tree]
+        stack = [(tree, None)]  # (node, the statement it is in; False inside a lambda)
         while stack:  # ast.walk, without the Load/Store and operator leaves: every node once
-            node = stack.pop()
+            node, stmt = stack.pop()
             kind = type(node)
             if kind not in fields:
                 fields[kind] = [f for f in kind._fields if f not in ("ctx", "op")]
                 self.by_type[kind] = []
             self.by_type[kind].append(node)
+            if isinstance(node, ast.stmt):
+                stmt = node
+            elif kind is ast.Lambda:
+                stmt = False
+            elif kind is ast.Call and stmt:
+                func = node.func
+                name = func.attr if type(func) is ast.Attribute else func.id if type(func) is ast.Name else ""
+                if name in EVENT_ATTRS:
+                    self.calls_by_stmt.setdefault(id(stmt), []).append(node)
             for name in fields[kind]:
                 value = getattr(node, name, None)
                 for child in value if type(value) is list else (value,):
                     if isinstance(child, ast.AST):
-                        self.parents[id(child)] = node
-                        stack.append(child)
-        self.calls_by_stmt: dict[int, list] = {}
-        for call in self.of(ast.Call):
-            func = call.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            if name not in EVENT_ATTRS:
-                continue
-            stmt = self.statement_of(call)
-            if stmt is not None:
-                self.calls_by_stmt.setdefault(id(stmt), []).append(call)
+                        stack.append((child, stmt))
         for calls in self.calls_by_stmt.values():
             calls.sort(key=lambda c: (c.end_lineno, c.end_col_offset))
 
@@ -120,12 +124,13 @@ class Index:
             return self.by_type.get(types[0], [])
         return [n for t in types for n in self.by_type.get(t, [])]
 
-    def statement_of(self, node) -> ast.stmt | None:
-        while node is not None and not isinstance(node, ast.stmt):
-            if isinstance(node, ast.Lambda):
-                return None
-            node = self.parents.get(id(node))
-        return node
+    @property
+    def parents(self) -> dict[int, ast.AST]:
+        """id(node) -> its parent, built on first use (deprecation fallbacks, casts)."""
+        if self._parents is None:
+            self._parents = {id(c): n for nodes in self.by_type.values() for n in nodes
+                             for c in ast.iter_child_nodes(n)}
+        return self._parents
 
 
 # --- what the names are ----------------------------------------------------------------------
@@ -198,6 +203,10 @@ def find_roles(index: Index) -> Roles:
             for call in built_by(node.value):
                 _role_of_built(roles, roles.resolve(dotted(call.func)) or "", targets(node))
     for node in index.of(ast.Call):
+        func = node.func
+        word = func.attr if type(func) is ast.Attribute else func.id if type(func) is ast.Name else ""
+        if word not in ROLE_CALLS and not word.endswith("GradScaler") and word not in roles.aliases:
+            continue
         what = roles.resolve(dotted(node.func)) or ""
         if what.endswith("GradScaler"):
             roles.scaler_builds.append(node)
