@@ -232,25 +232,23 @@ def fp16_without_scaler(ctx: Context):
     roles = ctx.roles
     if roles.scaler_builds or roles.scalers:
         return
-    backward = None
-    for _, e in ctx.events("backward"):
-        if e.wrapped or e.scaled:
-            return
-        backward = backward or e
-    if backward is None:
+    backwards = [e for _, e in ctx.events("backward")]
+    if not backwards or any(e.wrapped or e.scaled for e in backwards):
         return
+    backward = min(backwards, key=lambda e: e.line)
     if any("scaler" in n.id.lower() for n in ctx.index.of(ast.Name)) or any(
             "scaler" in n.attr.lower() for n in ctx.index.of(ast.Attribute)):
         return
-    for node in ctx.index.of(ast.Call):
-        if (roles.resolve(dotted(node.func)) or "").endswith("autocast") and _autocast_float16(node):
-            yield node.lineno, ("autocast in float16 (its default on CUDA when no dtype is given) and a "
-                                "plain loss.backward() (line "
-                                f"{backward.line}), with no GradScaler in this file: gradients below "
-                                "float16's range (about 6e-8) flush to zero, so the run may train on "
-                                "zeros without a word. Scale the loss: torch.amp.GradScaler(device.type), "
-                                "unless a scaler in another file already does")
-            return
+    autocasts = [n for n in ctx.index.of(ast.Call)
+                 if (roles.resolve(dotted(n.func)) or "").endswith("autocast") and _autocast_float16(n)]
+    if autocasts:
+        node = min(autocasts, key=lambda n: (n.lineno, n.col_offset))
+        yield node.lineno, ("autocast in float16 (its default on CUDA when no dtype is given) and a "
+                            "plain loss.backward() (line "
+                            f"{backward.line}), with no GradScaler in this file: gradients below "
+                            "float16's range (about 6e-8) flush to zero, so the run may train on "
+                            "zeros without a word. Scale the loss: torch.amp.GradScaler(device.type), "
+                            "unless a scaler in another file already does")
 
 
 def _autocast_float16(call: ast.Call) -> bool:
@@ -270,7 +268,7 @@ def missing_update(ctx: Context):
     """``scaler.step`` with no ``scaler.update()``, or a path on which ``scaler.step`` can run
     again before ``update()``: torch raises 'step() has already been called since the last
     update().', and the scale never adapts."""
-    steps = list(ctx.events("scaler_step"))
+    steps = sorted(ctx.events("scaler_step"), key=lambda pair: pair[1].line)
     if not steps:
         return
     if not any(True for _ in ctx.events("update")):
