@@ -542,6 +542,7 @@ class Flow:
         self._memo: dict[tuple, tuple] = {}
         out, _, _ = self.block(unit.body, State())
         self.exits = join(self.exits, out)
+        self.unit = None  # no cycle Unit <-> Flow: a file's objects go as soon as it is checked
 
     def block(self, block, state):
         """``(state after, state at continue, state at break)``; None where no path goes."""
