@@ -62,6 +62,14 @@ def test_a_notebook_is_checked_cell_by_cell(tmp_path):
     assert status == 1 and f"{path}:cell 2:5: mistake: [clip-before-unscale]" in out
 
 
+def test_a_magic_is_a_statement_where_it_stands(tmp_path):
+    path = tmp_path / "setup.ipynb"
+    path.write_text(notebook(("code", "if colab:\n    !pip install amp-lessons\nelif local:\n    %pip install -e .\n"
+                                      "model?\n" + CLIP_FIRST)))
+    (f,) = check_loop(path)
+    assert (f.cell, f.line, f.code) == (1, 10, "clip-before-unscale")
+
+
 def test_a_notebook_cell_that_is_not_python_is_named_and_the_others_checked(tmp_path):
     path = tmp_path / "loop.ipynb"
     path.write_text(notebook(("code", "with torch.autocast('cuda'):\nloss = model(x)"), ("code", "%%bash\nls -l"),

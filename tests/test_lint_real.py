@@ -133,7 +133,29 @@ def update_params(self, loss):
     self.loss_scaler.update(self._scale_update_param)
 """
 
+AUTOCAST_FOR_INFERENCE_ONLY = """
+def test_autocast(model, inputs):
+    with torch.autocast("cuda"):
+        return model.inference(inputs)
+
+def test_training(model, x):
+    model(x).sum().backward()
+"""
+
+AUTOCAST_BY_A_WRAPPER = """
+class Benchmark:
+    def __init__(self, dtype):
+        self.amp_autocast = partial(torch.amp.autocast, device_type="cuda", dtype=dtype)
+
+    def train_step(self, x, y):
+        with self.amp_autocast():
+            loss = self.loss(self.model(x), y)
+        loss.backward()
+"""
+
 CORRECT = {
+    "autocast for inference, backward in another function": AUTOCAST_FOR_INFERENCE_ONLY,
+    "a wrapper of autocast, its dtype a variable": AUTOCAST_BY_A_WRAPPER,
     "model.half().float()": HALF_THEN_FLOAT,
     "a clip in the else: of `if scaler is not None`": CLIP_WITHOUT_SCALER_IN_ELSE,
     "loss / accum, then self.accelerator.backward(loss)": ACCELERATOR_BACKWARD,

@@ -226,40 +226,51 @@ def _is_float16(node) -> bool:
     return (dotted(node) or "") in ("torch.float16", "torch.half", "float16", "half")
 
 
+TORCH_AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
+                   "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
+
+
 def fp16_without_scaler(ctx: Context):
-    """autocast in float16 and a plain ``loss.backward()``, with no scaler anywhere in the file.
-    A scaler in another file (a wrapper, a framework) is not seen: the message says "may"."""
+    """torch's autocast in float16 and a plain ``loss.backward()`` in one function, with no
+    scaler anywhere in the file. A scaler in another file (a wrapper, a framework) is not
+    seen: the message says "may"."""
     roles = ctx.roles
     if roles.scaler_builds or roles.scalers:
         return
     backwards = [e for _, e in ctx.events("backward")]
     if not backwards or any(e.wrapped or e.scaled for e in backwards):
         return
-    backward = min(backwards, key=lambda e: e.line)
     if any("scaler" in n.id.lower() for n in ctx.index.of(ast.Name)) or any(
             "scaler" in n.attr.lower() for n in ctx.index.of(ast.Attribute)):
         return
-    autocasts = [n for n in ctx.index.of(ast.Call)
-                 if (roles.resolve(dotted(n.func)) or "").endswith("autocast") and _autocast_float16(n)]
-    if autocasts:
-        node = min(autocasts, key=lambda n: (n.lineno, n.col_offset))
+    for unit in ctx.units:
+        autocasts = [c for c in unit.autocasts if _autocast_float16(c, roles)]
+        if not autocasts or not unit.of("backward"):
+            continue
+        node, backward = autocasts[0], unit.of("backward")[0]
         yield node.lineno, ("autocast in float16 (its default on CUDA when no dtype is given) and a "
-                            "plain loss.backward() (line "
-                            f"{backward.line}), with no GradScaler in this file: gradients below "
-                            "float16's range (about 6e-8) flush to zero, so the run may train on "
-                            "zeros without a word. Scale the loss: torch.amp.GradScaler(device.type), "
-                            "unless a scaler in another file already does")
+                            f"plain loss.backward() (line {backward.line}), with no GradScaler in this "
+                            "file: gradients below float16's range (about 6e-8) flush to zero, so the "
+                            "run may train on zeros without a word. Scale the loss: "
+                            "torch.amp.GradScaler(device.type), unless a scaler in another file already does")
 
 
-def _autocast_float16(call: ast.Call) -> bool:
-    """float16 autocast: ``dtype=torch.float16``, or no dtype on a device that may be CUDA
-    (autocast's default there is float16; on "cpu" it is bfloat16)."""
-    dtype = next((kw.value for kw in call.keywords if kw.arg == "dtype"), call.args[1] if len(call.args) > 1 else None)
+def _autocast_float16(call: ast.Call, roles) -> bool:
+    """torch's autocast in float16: ``dtype=torch.float16``, or no dtype on a device that may be
+    CUDA (autocast's default there is float16; on "cpu" it is bfloat16)."""
+    what = roles.resolve(dotted(call.func)) or ""
+    if what not in TORCH_AUTOCASTS and not (what == "autocast" and "autocast" not in roles.aliases):
+        return False  # a wrapper (self.amp_autocast, accelerator.autocast): its dtype is elsewhere
+    legacy = what.startswith(("torch.cuda.amp", "torch.cpu.amp"))  # autocast(enabled, dtype)
+    dtype = next((kw.value for kw in call.keywords if kw.arg == "dtype"),
+                 call.args[1] if len(call.args) > 1 and not legacy else None)
     enabled = next((kw.value for kw in call.keywords if kw.arg == "enabled"), None)
     if isinstance(enabled, ast.Constant) and enabled.value is False:
         return False
     if dtype is not None:
         return _is_float16(dtype)
+    if legacy:
+        return what.startswith("torch.cuda.amp")
     device = next((kw.value for kw in call.keywords if kw.arg == "device_type"), call.args[0] if call.args else None)
     return not (isinstance(device, ast.Constant) and device.value != "cuda")
 

@@ -101,7 +101,7 @@ def decode(data: bytes, name: str) -> str:
 
 def notebook_source(data: bytes, name: str) -> Source:
     """The code cells of a notebook, joined into one text (names flow from cell to cell as the
-    kernel runs them). IPython magics and shell lines become blank lines; a cell that is not
+    kernel runs them). IPython magics and shell lines become ``pass``; a cell that is not
     Python is left out and named in ``problems``."""
     try:
         cells = json.loads(data.decode("utf-8-sig")).get("cells")
@@ -131,8 +131,14 @@ def _without_magics(lines: list[str]) -> list[str]:
         if lines[0].split()[0] not in ("%%time", "%%timeit", "%%capture"):
             return [""] * len(lines)  # another language (%%bash, %%html): nothing to check
         lines = [""] + lines[1:]
-    return ["" if line.lstrip().startswith(("%", "!")) or line.rstrip().endswith("?") and
-            line.strip().lstrip("?").isidentifier() else line for line in lines]
+    return [line[:len(line) - len(line.lstrip())] + "pass" if _is_magic(line) else line for line in lines]
+
+
+def _is_magic(line: str) -> bool:
+    """An IPython line magic, shell escape or help request (``%time``, ``!pip``, ``x?``): a
+    statement for the checker's purpose (it becomes ``pass``, indented as it was)."""
+    text = line.strip()
+    return text.startswith(("%", "!")) or (text.endswith("?") and text.rstrip("?").isidentifier())
 
 
 def parse(source: str, name: str = "the source") -> ast.Module:

@@ -301,6 +301,7 @@ class Unit:
         self.by_stmt: dict[int, list[Event]] = {}
         self.assigned: dict[str, list[ast.AST]] = {}  # name -> values assigned to it (AugAssign nodes too)
         self.parents: dict[int, tuple] = {}  # id(stmt) -> (its block, its index, parent statement)
+        self.autocasts: list[ast.Call] = []  # the autocast calls its with-blocks enter
         self._memo: dict[tuple, bool] = {}
         self._collect(body, (), False, None)  # a name's scale(...) is read from what came before
         self._memo = {}
@@ -338,7 +339,9 @@ class Unit:
                 self._collect(stmt.body, frames + (("if", stmt, 0),), autocast, stmt)
                 self._collect(stmt.orelse, frames + (("if", stmt, 1),), autocast, stmt)
             elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-                inside = autocast or any(is_autocast(item, self.roles) for item in stmt.items)
+                entered = [item.context_expr for item in stmt.items if is_autocast(item, self.roles)]
+                self.autocasts += entered
+                inside = autocast or bool(entered)
                 for item in stmt.items:
                     self._calls(item.context_expr, stmt, frames, autocast)
                 self._collect(stmt.body, frames, inside, stmt)
