@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from amp_lessons.__main__ import build_parser
 from amp_lessons.benchcli import result_from_args, table
+from amp_lessons.cli import build_parser
 
 
 def main(argv: list[str]) -> int:

@@ -494,11 +494,22 @@ with expect_error(RuntimeError):
 #
 # ## The loop checker
 #
-# `check_loop` reads a loop's source with Python's own parser (`ast`), never running it,
-# and follows the calls in order: which scaler, optimizer and scheduler each call is on,
-# inside which loop, `with` block and `if`. It names ten mistakes, each with its line and
-# the lesson that shows it. Here is lesson 04's exercise loop, numbered as the checker
-# counts. **Predict** what it finds:
+# `check_loop` reads a loop's source with Python's own parser (`ast`), never running it
+# (and without importing torch), and follows the calls in order: which scaler, optimizer
+# and scheduler each call is on, inside which loop, `with` block and arm of an `if` (in
+# the `else:` of `if scaler is not None:` there is no scaler). Each mistake it names is
+# one rule, with the lesson that shows it:
+
+# %%
+from amp_lessons.lint import RULES
+
+for rule in RULES:
+    print(f"{rule.name:<24} {rule.summary} ({rule.lesson[:2]})")
+
+# %% [markdown]
+# Where the source alone cannot decide (a scaler may live in another file; code that asks
+# `torch.cuda.is_available()` may run without CUDA), the message says "may" and why. Here
+# is lesson 04's exercise loop, numbered as the checker counts. **Predict** what it finds:
 
 # %%
 from amp_lessons.exercises import broken_clipping_loop
@@ -513,8 +524,11 @@ check_loop(source)
 # %% [markdown]
 # Lesson 04's three bugs, and one *note*: `backward()` inside autocast gives the same
 # gradients (04 measured it) and only breaks the convention. The same check runs from a
-# shell, on files: `python -m amp_lessons lint train.py` prints one line per finding and
-# exits with 1 when it finds something, 2 when a file cannot be read or parsed:
+# shell, on files, notebooks (cell by cell) and directories (recursively):
+# `python -m amp_lessons lint train.py` prints one line per finding and exits with 1 when
+# it finds a mistake (notes alone exit 0), 2 when a file cannot be read or parsed (it
+# names the file and goes on to the next). `--format json` prints the same for an editor
+# or CI, and the repository's `.pre-commit-hooks.yaml` runs it from pre-commit:
 
 # %%
 import contextlib

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from amp_lessons import bench, benchcli
-from amp_lessons.__main__ import build_parser, main
+from amp_lessons.__main__ import main
+from amp_lessons.cli import build_parser
 from amp_lessons.matmul import tf32_error
 from amp_lessons.measure import matmul_flops, matmul_gflops, saved_memory
 from amp_lessons.precision import PRECISIONS

@@ -30,7 +30,8 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``devicechecks`` what the lessons say about devices, as verdicts: real on CUDA, replayed or
                  simulated elsewhere (02's simulation check; ``make gpu-check``)
 - ``errors``     the messages of lesson 06, reproduced from minimal loops, and their fixes (06)
-- ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's source (06)
+- ``lint``       ``check_loop`` / ``python -m amp_lessons lint``: AMP mistakes read from a loop's
+                 source, without importing torch (06): ``source``, ``walk``, ``rules``, ``cli``
 - ``distributed`` DDP and FSDP2 on N real ranks: ``launch``, the records, memory per rank,
   ``python -m amp_lessons dist`` (07); ``dist_worker`` is what each rank runs
 - ``fp8``        amax scales per tensor and per row, quantize, the census in e4m3/e5m2,
@@ -39,10 +40,24 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
   (09); ``delayed``, ``blocktrain``, ``blockplots``, ``block_exercise``: its scaling, layers, figures, checker
 """
 
-from .hardware import hardware_report, pick_device
-from .precision import PRECISIONS, parse_precision
-from .seeding import seed_everything
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["PRECISIONS", "hardware_report", "parse_precision", "pick_device", "seed_everything"]
+_EXPORTS = {"hardware_report": "hardware", "pick_device": "hardware", "PRECISIONS": "precision",
+            "parse_precision": "precision", "seed_everything": "seeding"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """The exports are imported when first used (PEP 562), so that ``import amp_lessons.lint``
+    and ``python -m amp_lessons lint`` leave torch unimported."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,43 +1,33 @@
-"""Command line: ``python -m amp_lessons doctor``, ``bench``, ``selfcheck``, ``lint`` and ``dist``."""
+"""``python -m amp_lessons`` and ``amp-lessons``: ``doctor``, ``bench``, ``selfcheck``, ``lint``
+and ``dist`` (the parser lives in :mod:`amp_lessons.cli`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 
-from . import benchcli, distributed, lint, selfcheck
-from .hardware import resolve_machine
+from .lint import cli as lint_cli
 
 
-def _doctor(args) -> int:
-    report = resolve_machine(args.device, measure=not args.no_measure).report()
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        print(report.table())
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
+def lint_parser() -> argparse.ArgumentParser:
+    """The parser of ``lint`` alone: a static check imports none of torch."""
     parser = argparse.ArgumentParser(prog="python -m amp_lessons", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="what this machine can do, and the precision to use here")
-    doctor.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1, mps")
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.add_argument("--no-measure", action="store_true",
-                        help="skip the quick matmul that decides a CPU's recommendation (it then says "
-                             "it was not measured)")
-    doctor.set_defaults(run=_doctor)
-    benchcli.add_parser(sub)  # python -m amp_lessons bench (lesson 05)
-    selfcheck.add_parser(sub)
-    lint.add_parser(sub)  # python -m amp_lessons lint FILE.py (lesson 06)
-    distributed.add_parser(sub)  # python -m amp_lessons dist (lesson 07)
+    lint_cli.add_parser(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
+def parser_for(argv: list[str]) -> argparse.ArgumentParser:
+    """``lint``'s parser for ``lint``; every other command's parser imports torch, so
+    :mod:`amp_lessons.cli` is imported only when one of them is asked for."""
+    if argv[:1] == ["lint"]:
+        return lint_parser()
+    return importlib.import_module(".cli", __package__).build_parser()
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser_for(argv).parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, RuntimeError) as err:
