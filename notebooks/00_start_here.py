@@ -42,8 +42,10 @@
 # traced to its source:
 #
 # > Mixed precision typically gives 2-3x faster training and halves activation memory on
-# > modern GPUs. *(the 2-3x is the figure of PyTorch's AMP recipe for tensor-core GPUs;
-# > 05 measures what this machine gains, and the activation memory)*
+# > modern GPUs. *(the 2-3x is what PyTorch's AMP recipe says its example "should show" on
+# > Volta, Turing and Ampere GPUs; the same recipe warns that "small networks may be CPU
+# > bound, in which case mixed precision won't improve performance". 05 measures what this
+# > machine gains, and the activation memory)*
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
@@ -52,13 +54,19 @@
 # > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
 # > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
 # > numerically sensitive ones (softmax, losses, reductions) are kept in float32
-# > automatically. Run `backward()` outside the context. *(traced in 02)*
+# > automatically. Run `backward()` outside the context. *(traced in 02, which runs this
+# > pattern as code)*
 # >
 # > - bfloat16 has float32's exponent range, so it rarely underflows. It is the default
-# >   choice on Ampere-or-newer GPUs and TPUs, and needs no extra machinery. *(01, 03)*
+# >   choice on Ampere-or-newer GPUs and TPUs, and needs no extra machinery. *(01, 03; "the
+# >   default" is the course's recommendation on Ampere-or-newer, not torch's: autocast on
+# >   CUDA defaults to float16, as a cell below prints. On TPUs, Google's Cloud TPU docs:
+# >   "By default, TPUs perform matrix multiplication operations with bfloat16 values")*
 # > - float16 has more mantissa but a narrow range; small gradients underflow to zero. Use
 # >   `torch.amp.GradScaler`, which multiplies the loss by a large factor before
-# >   `backward()`, unscales before the step, and skips steps that produced inf or NaN. *(01, 03)*
+# >   `backward()`, unscales before the step, and skips steps that produced inf or NaN. *(01,
+# >   03; the scaler is needed where some gradients fall below float16's range, which 01
+# >   counts)*
 # >
 # > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
 # >
@@ -69,9 +77,8 @@
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
 #
-# Its code example runs, as written, in lesson 02. Some sentences turn out to hold only on
-# some devices (softmax stays float32 under CUDA's autocast, not a CPU's); the lessons
-# show where.
+# Some sentences turn out to hold only on some devices (softmax stays float32 under CUDA's
+# autocast, not a CPU's); the lessons show where.
 #
 # Every lesson opens with the same setup cell. On Colab it installs the course package;
 # elsewhere `make lab` already did.
@@ -97,7 +104,8 @@ amp_lessons.seed_everything(0)
 # ## This machine
 #
 # The report below is what the package found here. Its output is not compared by the
-# tests (it differs from machine to machine); almost everything after it is.
+# tests (it differs from machine to machine), nor are the recommendation's two cells below;
+# the rest is, except the `≈` digits (see "Reading the outputs").
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -112,15 +120,20 @@ print(report.table())
 # Three facts decide which precision to train in:
 #
 # - **the device**: a GPU with tensor cores runs 16-bit matmuls many times faster than
-#   float32; a CPU does so only with fast 16-bit kernels (AMX tile units, or AVX512-BF16
-#   instructions that torch's kernels use well).
-# - **native or emulated bfloat16**: a T4 (compute capability 7.5) *reports* bf16 support
-#   through `torch.cuda.is_bf16_supported()`, but only by emulation, which is slow.
+#   float32; a CPU does so only with fast 16-bit kernels. On x86 those are AMX tiles or
+#   AVX512-BF16 for bf16 (AVX512-FP16, AMX-FP16 for fp16); on Arm, CPUs with BF16
+#   instructions such as AWS Graviton3 have fast bf16 kernels too. The report's "bfloat16"
+#   line checks only the x86 ones (AVX512-BF16 or AMX-BF16): an Arm CPU reads "emulated"
+#   there whatever it has, which is one reason the recommendation rests on a measurement.
+# - **native or emulated bfloat16 on a GPU**: a T4 (compute capability 7.5) *reports* bf16
+#   support through `torch.cuda.is_bf16_supported()`, but only by emulation: its tensor
+#   cores run fp16, and bf16 ones start with Ampere.
 #   `is_bf16_supported(including_emulation=False)` tells the truth.
 # - **whether float16 needs a GradScaler**: when some gradients fall below float16's range
 #   (lesson 01 counts how many of yours do; lesson 03 trains with and without a scaler).
-#   A network whose gradients all fit trains in float16 without one. bfloat16 has float32's
-#   range, so it rarely needs one.
+#   A network whose gradients all fit trains in float16 without one; the course pairs fp16
+#   with a scaler because it cannot know that in advance. bfloat16 has float32's range, so
+#   it rarely needs one.
 #
 # Rather than trust a rule for the first fact, the report measured it: one small matmul per
 # precision, timed here. (The rates are printed with `≈`: see "Reading the outputs" below.)
@@ -143,10 +156,12 @@ print(report.reason)
 # The same rule, applied to the devices learners use most. `recommend` is a pure function
 # of a device's facts, the one every command and lesson calls, so this table is the same on
 # every machine. A GPU's answer follows its compute capability. A CPU's follows the
-# measurement, whatever its instruction sets: the table asks `recommend` at a bf16 matmul
-# rate just at the threshold and just below it, and prints both answers:
+# measurement, whatever its instruction sets: the cell asks `recommend` for three CPU
+# classes at a bf16 matmul rate just at the threshold and just below it, checks that the
+# three answer alike, and prints them as one row:
 
 # %%
+from amp_lessons.claims import check
 from amp_lessons.hardware import CPU_BF16_MIN_SPEEDUP, recommend
 
 devices = {
@@ -158,14 +173,16 @@ devices = {
     "A100 (8.0)": ("cuda", (8, 0), True, False, False),
     "H100 (9.0)": ("cuda", (9, 0), True, False, False),
 }
+at, below = CPU_BF16_MIN_SPEEDUP, CPU_BF16_MIN_SPEEDUP - 0.01
+cpu_answers = {tuple(recommend(*facts, bf16_speedup=r)[0] for r in (at, below))
+               for facts in devices.values() if facts[0] == "cpu"}
+print(check("the three CPU classes get the same answer", len(cpu_answers) == 1))
+(fast, slow), = cpu_answers
+print(f"{'any of the three CPUs':<34} {fast} where a bf16 matmul measures >= {at}x fp32's rate, else {slow}")
 for label, facts in devices.items():
-    if facts[0] == "cpu":
-        at, below = CPU_BF16_MIN_SPEEDUP, CPU_BF16_MIN_SPEEDUP - 0.01
-        fast, slow = (recommend(*facts, bf16_speedup=r)[0] for r in (at, below))
-        print(f"{label:<34} {fast} where a bf16 matmul measures >= {at}x fp32's rate, else {slow}")
-        continue
-    precision, scaler, _ = recommend(*facts)
-    print(f"{label:<34} {precision}{' + GradScaler' if scaler else ''}")
+    if facts[0] == "cuda":
+        precision, scaler, _ = recommend(*facts)
+        print(f"{label:<34} {precision}{' + GradScaler' if scaler else ''}")
 
 # %% [markdown]
 # Why not bf16 on a T4? Here is the reason the package gives for Colab's free GPU:
@@ -176,10 +193,10 @@ print(recommend("cuda", (7, 5), bf16_native=False)[2])
 # %% [markdown]
 # Not every precision exists everywhere. TF32 is not a dtype but a way of multiplying
 # float32 matrices with 10 mantissa bits: NVIDIA's tensor cores do it from Ampere on. On a
-# CPU, `set_float32_matmul_precision("high")` sets oneDNN's float32 matmul precision to
-# `"tf32"`, and torch's oneDNN matmul uses that only on x86 CPUs with AMX-FP16 (Intel's
-# Granite Rapids and newer); on any other CPU it changes nothing. **Predict**: does
-# `"high"` change a float32 matmul's result on this CPU?
+# CPU, `"high"` reaches oneDNN, whose tf32 path torch takes only on x86 CPUs with AMX-FP16.
+# **Predict**: does `"high"` change a float32 matmul's result on this CPU? (The stored
+# outputs come from a CPU without AMX-FP16, so the verdict there checks only the "changes
+# nothing" half.)
 
 # %%
 from amp_lessons.claims import check
@@ -212,6 +229,8 @@ a = torch.randn(64, 64)
 for dtype in (torch.bfloat16, torch.float16):
     with torch.autocast("cpu", dtype=dtype):
         print(f"autocast {dtype} on the CPU: the matmul's result is {(a @ a).dtype}")
+print("autocast's dtype when none is given:",
+      {name: torch.get_autocast_dtype(name) for name in ("cuda", "cpu")})
 
 # %% [markdown]
 # Both run. Whether they run *fast* is what the measurement above said: a CPU may have
@@ -237,17 +256,18 @@ with expect_error(ValueError):
 # ## Reading the outputs: `≈` figures and `✓` verdicts
 #
 # Some numbers come out of float kernels: a loss after 100 steps, a timing, a norm. Another
-# CPU (AVX2 or AVX-512, with or without AMX), another thread count, another torch release or
-# a GPU prints other digits for them. The lessons print such a figure with a leading `≈`
-# (`measured` above). The course's tests compare every output except those digits.
+# CPU, thread count, torch release or a GPU prints other digits for them. The lessons print
+# such a figure with a leading `≈` (`measured` above). The course's tests compare the stored
+# outputs except those digits and the few machine-specific cells marked to be skipped (this
+# machine's report, its recommendation, its AMX-FP16 line).
 #
-# A sentence the text draws from such figures ("fp16 without a scaler falls behind") is
-# checked, in the cell, by a **verdict** with its margin in the words: `✓ holds` on this
-# machine, or `✗ did not hold here`, with the figures it used. Two verdicts on the figures
-# above, one exact and one with a margin:
+# A sentence the text draws from such figures is checked, in the cell, by a **verdict**
+# with its margin in the words: `✓ holds` on this machine, or `✗ did not hold here`, with
+# the figures it used. If one prints `✗` on yours, the claim does not hold there. Two
+# verdicts, one exact and one with a margin:
 
 # %%
-from amp_lessons.claims import Verdict, at_least
+from amp_lessons.claims import at_least
 
 with torch.autocast("cpu", dtype=torch.float16):
     print(check("float16 autocast runs matmuls in float16 on this CPU", (a @ a).dtype == torch.float16))
@@ -256,18 +276,6 @@ print(at_least("the precision recommended here multiplies matrices at least 0.8x
                ratio, 0.8))
 
 # %% [markdown]
-# And what a refused claim looks like (built by hand here, so that it is not counted as a
-# finding; a lesson's own verdicts are computed, never built):
-
-# %%
-Verdict("a float16 matmul runs at least 1000x float32's rate here", speedups["fp16"] >= 1000,
-        f"{measured(speedups['fp16'], '.2g')}; needs >= 1000")
-
-# %% [markdown]
-# A lesson never keeps a sentence that its verdict refuses on the machines it was tested
-# on. If one prints `✗` on yours, the claim does not hold there: that is a finding worth
-# reporting.
-#
 # ## How the widgets work
 #
 # Lessons 01, 02 and 03 have widgets: controls wired to the same functions the cells call, so
@@ -297,7 +305,8 @@ print(describe_precision("fp16", "cpu"))
 #   `make test` re-runs every lesson and compares its outputs with the stored ones.
 # - **Colab**: open a lesson from the README's "Open in Colab" links. The setup cell installs
 #   the package. *Runtime → Change runtime type → T4 GPU* gives you a GPU: the lessons then
-#   train on it, in fp16 with a GradScaler, as recommended above for a T4.
+#   run on it, each in the precision its point needs (lesson 01 records float32 gradients,
+#   lesson 04 trains in fp16 with a GradScaler).
 # - **Headless**: `python -m amp_lessons doctor` prints the report above;
 #   `make gpu-check` runs every lesson as a script and prints every verdict, with the
 #   statements the lessons make about CUDA checked for real when a GPU is there.
@@ -318,6 +327,15 @@ print(describe_precision("fp16", "cpu"))
 #   later) devices") and the function's docstring (`torch/__init__.py`).
 # - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
 #   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
+# - Fast bf16 CPU kernels on Arm too: the same file's error text, "mkldnn_matmul bf16 path
+#   needs the cpu support avx512bw, avx512vl and avx512dq, or AWS Graviton3", and its fp16
+#   path needing "avx512_fp16".
+# - bf16 tensor cores from Ampere (compute capability 8.0) on: CUDA C++ Programming Guide,
+#   "Alternate Floating Point" ("Tensor Cores support alternate types of floating point
+#   operations on devices with compute capability 8.0 and higher").
+# - bfloat16 on TPUs: Google Cloud's TPU documentation, "Improve your model's performance
+#   with bfloat16" (cloud.google.com/tpu/docs/bfloat16).
+# - The autocast default dtypes: `torch.get_autocast_dtype`, printed above.
 # - Tensor cores' 16-bit rate against float32's: NVIDIA's A100 datasheet gives 19.5 TFLOPS
 #   for float32 and 312 TFLOPS for bf16/fp16 on tensor cores (dense), 16x.
 # - A T4 reporting bf16 support by emulation: `torch.cuda.is_bf16_supported` and its

@@ -49,6 +49,11 @@ device = amp_lessons.pick_device()
 print(f"training on {device.type}:", amp_lessons.hardware_report(measure=True).recommended, "is recommended here")
 
 # %% [markdown]
+# That is the precision lesson 00 recommends for training here. This lesson trains in
+# float32 whatever it says: it records gradients at full range, to see where each 16-bit
+# format would put them.
+
+# %% [markdown]
 # ## The formats side by side
 #
 # Every float is `sign x 1.mantissa x 2^(exponent - bias)`. More exponent bits reach
@@ -68,10 +73,11 @@ print(formats_table())
 # The figures come from `torch.finfo` for every format torch has a dtype for. TF32 is not
 # a dtype: tensors stay float32, and an NVIDIA tensor core (Ampere and newer) multiplying
 # them keeps only 10 of each input's 23 mantissa bits, so its figures follow from that
-# layout. Which 10? PyTorch's numerical-accuracy notes say only the first 10 bits are read
-# (the rest dropped, an error below 2^-10 of the value); a library may round to nearest
-# first (at most 2^-11). This course's `round_to_format("tf32")` rounds to nearest, and
-# `make gpu-check` measures what your GPU does (lesson 05 has more). The two fp8 formats are a preview:
+# layout. Which 10? PyTorch's two notes put it differently: the numerical-accuracy notes
+# say "only the first 10 bits of the input mantissa are read" (the rest dropped, an error
+# below 2^-10 of the value), the CUDA notes speak of "rounding input data to have 10 bits of
+# mantissa" (to nearest, at most 2^-11). This course's `round_to_format("tf32")` rounds to
+# nearest, and `make gpu-check` measures what your GPU does (lesson 05 has more). The two fp8 formats are a preview:
 # `e4m3fn` ("finite") has no infinity; its all-ones exponent holds numbers instead, one
 # more power of two of range.
 #
@@ -101,7 +107,7 @@ for name in FORMATS:
 # %% [markdown]
 # `1 + 1e-4` needs a spacing finer than `1e-4` next to 1; only float32 has one (its
 # `eps` in the table). `1e-8` needs range: float32, tf32 and bfloat16 keep it, with the
-# error their mantissa allows, while float16 and the fp8 formats flush it to zero.
+# error their mantissa allows, while float16 and the fp8 formats round it to zero.
 # Here are its bits in bfloat16 and in float16:
 
 # %%
@@ -129,16 +135,19 @@ for f in (1.0, 0.75, 0.5, 0.49):
 
 # %% [markdown]
 # Rounding goes to the nearest float16. Exactly half of `tiny` is a tie between 0 and
-# `tiny`, and ties go to the neighbour whose last bit is even: 0. Anything smaller is
-# **flushed to zero**: the value is gone, not just imprecise. Between `tiny` and the smallest
-# normal, values survive as subnormals with fewer significant bits:
+# `tiny`, and ties go to the neighbour whose last bit is even: 0. Anything smaller
+# **underflows to zero**: the value is gone, not just imprecise. The course calls such a
+# value *flushed*; that is rounding, not the hardware "flush-to-zero" mode (FTZ), which
+# also zeroes subnormals: here subnormals are kept. Between `tiny` and the smallest normal,
+# values survive as subnormals with fewer significant bits:
 
 # %%
 print(bits_of(1e-6, "fp16"))
 
 # %% [markdown]
-# The top end fails the other way: the largest float16 is 65504. Values a little above it
-# still round down to it; from the halfway point to the next power of two on, they are `inf`.
+# The top end fails the other way: the largest float16 is 65504, and the next step up
+# would be 65536 (`2^16`). Values below 65520, halfway between the two, still round down to
+# 65504; from 65520 on, they are `inf`.
 
 # %%
 for v in (65504.0, 65519.0, 65520.0):
@@ -187,7 +196,8 @@ print(f"{recorder.weight_grads.numel():,} weight-gradient and "
 print(f"{measured((grads == 0).sum().item(), ',')} are exactly zero")
 
 # %% [markdown]
-# Why exactly zero? Two causes. The first layer's weight gradient is the batch's input
+# Why exactly zero? Two causes give exact zeros here (the cells below count the first and
+# show the second; they do not sort every zero by cause). The first layer's weight gradient is the batch's input
 # pixels times the gradient flowing back, so every weight that reads a pixel which is blank
 # in every image of the batch gets a gradient of exactly 0. And ReLU passes back exactly 0
 # wherever its input was not positive. Counting the first:
@@ -232,10 +242,10 @@ print(at_least("float16 flushes some of your gradients at scale 1", fp16.flushed
 print(check("bfloat16 flushes none of them", bf16.flushed == 0, f"{measured(bf16.flushed, 'd')} flushed"))
 
 # %% [markdown]
-# Which gradients are the small ones? Compare the two kinds. The activation gradients start
-# at the logits, where the gradient of the loss is `(softmax - onehot) / batch size`: for
-# a class the model is sure is wrong, its softmax probability is tiny, and so is that
-# gradient.
+# Which gradients are the small ones? Compare the two kinds, then the layers. The
+# activation gradients start at the logits, where the gradient of the loss is
+# `(softmax - onehot) / batch size`: for a class the model is sure is wrong, its softmax
+# probability is tiny, and so is that gradient.
 
 # %%
 parts = {"weights": census(recorder.weight_grads, "fp16"), "activations": census(recorder.activation_grads, "fp16")}
@@ -246,13 +256,33 @@ print(check("the activation gradients lose more to float16 than the weight gradi
             > parts["weights"].fraction("flushed") + parts["weights"].fraction("subnormal")))
 
 # %% [markdown]
+# The activation gradients, layer by layer. Backward reaches the last `Linear` first, so
+# the recorded values come in that order, one block per layer; the logits' block is the
+# one whose rows each sum to 0, as `softmax - onehot` does:
+
+# %%
+linears = [m for m in trainer.model if isinstance(m, torch.nn.Linear)]
+sizes = [m.out_features * trainer.batch_size for m in reversed(linears)]  # one batch: accum_steps is 1
+names = ("logits", "second hidden layer's output", "first hidden layer's output")
+layers = dict(zip(names, recorder.activation_grads.split(sizes)))
+row_sums = layers["logits"].view(trainer.batch_size, -1).sum(dim=1)
+print(check("the first block's rows each sum to 0 (within 1e-6): it is the logits' gradient",
+            bool(row_sums.abs().max() < 1e-6)))
+flushed = {name: census(g, "fp16").flushed for name, g in layers.items()}
+for name, n in flushed.items():
+    print(f"{name:<30} {layers[name].numel():>5,} values, {measured(n, 'd')} flushed in float16")
+print(check("the logits' gradient holds most of the activation values float16 flushes",
+            flushed["logits"] > sum(flushed.values()) / 2))
+
+# %% [markdown]
 # ## The picture
 #
 # The histogram below counts your gradients by their power of two, `log2 |g|`. Behind the
 # bars, float16's regions: red is flushed to zero (at or below 2^-25, half of the smallest
 # subnormal, as the cells above showed), yellow is subnormal (from just above 2^-25, which
 # rounds up to 2^-24, to the smallest normal 2^-14), purple overflows.
-# Above them, each format's subnormal (light) and normal (dark) band. It is the figure
+# Above them, each format's subnormal (light) and normal (dark) band, as the key on the
+# right says. The title's share is of the nonzero values. It is the figure
 # NVIDIA's *Mixed Precision Training* paper (Micikevicius et al., 2018) made famous,
 # drawn from your own run.
 
@@ -284,17 +314,16 @@ print(f"your gradients span {measured(span, '.1f')} powers of two; "
 # so the scaling itself rounds nothing. `GradScaler` (lesson 03) does exactly this, and
 # divides by `2^k` again in float32 before the optimizer step.
 #
-# **Predict:** with the scale `2^16` (`GradScaler`'s starting scale), how many values still
-# flush in float16, and does any overflow?
+# **Predict:** with the scale `2^8`, how many values still flush in float16, and does any
+# overflow?
 
 # %%
 from amp_lessons.formats import scale_table
 
-print(scale_table(grads, 2.0**16, measured=True))
-print("GradScaler starts at", torch.amp.GradScaler(device.type).get_scale())
+print(scale_table(grads, 2.0**8, measured=True))
 
 # %%
-gradient_histogram(grads, scale=2.0**16)
+gradient_histogram(grads, scale=2.0**8)
 
 # %% [markdown]
 # ### Try it: the loss-scale slider
@@ -318,6 +347,7 @@ clean = [k for k in range(25) if (c := scaled_census(grads, "fp16", 2.0**k)).flu
 print(f"scale 2^k with nothing flushed and nothing overflowing: k from {measured(min(clean), 'd')} "
       f"to {measured(max(clean), 'd')}" if clean else "no scale 2^k leaves nothing flushed and nothing overflowing")
 c16 = scaled_census(grads, "fp16", 2.0**16)
+print("GradScaler starts at", torch.amp.GradScaler(device.type).get_scale())
 print(check("at 2^16, GradScaler's starting scale, nothing flushes and nothing overflows", 16 in clean,
             f"flushed {measured(c16.fraction('flushed'), '.3%')}, overflow {measured(c16.fraction('overflow'), '.3%')}"))
 
@@ -352,8 +382,9 @@ print(check("float16 stores the typical gradient more precisely than bfloat16, a
 
 # %% [markdown]
 # float16 stores the typical gradient more precisely, but loses the small ones outright;
-# bfloat16 stores the typical one more coarsely, and loses none. That is why autocast in bfloat16
-# runs without a `GradScaler`, and why float16 needs one.
+# bfloat16 stores the typical one more coarsely, and loses none. For gradients like these,
+# that is why autocast in bfloat16 runs without a `GradScaler`, and why float16 needs one;
+# a network whose gradients all sit inside float16's range would not.
 #
 # ## Remember
 #
@@ -362,19 +393,27 @@ print(check("float16 stores the typical gradient more precisely than bfloat16, a
 # - float16 has more mantissa but a narrow range: at half of `2^-24` and below, values
 #   flush to zero; below `2^-14` they lose precision as subnormals. Small gradients (in
 #   your run, above all the activation gradients) fall there.
-# - A loss scale `2^k` slides every gradient `k` powers of two up, exactly, into float16's
-#   range; too large a scale overflows to `inf`.
+# - A loss scale `2^k` slides every gradient `k` powers of two up. Here, where the
+#   gradients span fewer powers of two than float16 does, a window of scales puts them all
+#   in its range (the cell above found it); too large a scale overflows to `inf`. This
+#   lesson scales float32 gradients and then rounds, which is exact for a power of two; a
+#   real float16 backward rounds along the way too (lesson 03 runs one).
 #
 # ## Watch out
 #
-# - A flushed gradient is silent: no error, no NaN, just a zero (and a weight that stops
-#   learning). Count zeros, as `census` did, before trusting float16.
+# - A flushed gradient is silent: no error, no NaN, just a zero. A weight whose gradient
+#   flushes at every step stops learning from it (momentum or Adam may still move it a
+#   while). Zeros in a float16 run cannot tell flushed values from real zeros (the float32
+#   run above has exact zeros of its own): classify float32 gradients against float16's
+#   range, as `census` did, before trusting float16.
 # - float16 overflows from 65520 on (the cells on its top end): one `inf` in the
 #   gradients and `GradScaler` skips the whole step.
 # - fp8 is narrower still, and e4m3fn has no `inf`. What torch's cast stores for a value
-#   too large for it depends on the release: NaN before torch 2.13 (Colab's 2.11), 448 from
-#   2.13 on. Type `1e6` in the widget to see what this release does (the cell below says
-#   it too); lesson 08 shows why fp8 code clamps before casting.
+#   too large for it depends on the release, on the CPU path: NaN before torch 2.13
+#   (Colab's 2.11), 448 from 2.13 on, `inf` included (PyTorch pull request 178817,
+#   "Properly saturate E4M3 on finite-overflow on CPU/C++ conversion code"). Type `1e6` in
+#   the widget to see what this release does (the cell below says it too); lesson 08 shows
+#   why fp8 code clamps before casting.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -400,13 +439,15 @@ check_loss_scale(my_scale, grads)
 # %% [markdown]
 # ## Sources
 #
-# - TF32 keeping 10 of float32's 23 mantissa bits, and the first 10 bits read without
-#   rounding: PyTorch's numerical-accuracy notes (`docs/source/notes/numerical_accuracy.rst`,
-#   "TensorFloat-32 (TF32) on Nvidia Ampere (and later) devices") and the CUDA notes
-#   (`docs/source/notes/cuda.rst`).
+# - TF32 keeping 10 of float32's 23 mantissa bits: "only the first 10 bits of the input
+#   mantissa are read", PyTorch's numerical-accuracy notes
+#   (`docs/source/notes/numerical_accuracy.rst`, "TensorFloat-32 (TF32) on Nvidia Ampere (and
+#   later) devices"); "by rounding input data to have 10 bits of mantissa", the CUDA notes
+#   (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and later) devices").
 # - `GradScaler` skipping a step with an inf and halving its scale, doubling it after
 #   `growth_interval` clean steps: `torch/amp/grad_scaler.py` (lesson 03 runs it).
 # - The gradient histogram against float16's range: Micikevicius et al., *Mixed Precision
 #   Training*, ICLR 2018 (arXiv:1710.03740), Figure 3.
-# - What an fp8 cast stores for a value too large for e4m3fn, by release: the cell above
-#   prints this release's answer; lesson 08 names the changes.
+# - What an fp8 cast stores for a value too large for e4m3fn, by release: pytorch/pytorch
+#   pull request 178817 (`torch/headeronly/util/Float8_e4m3fn.h` and the CPU's vectorized cast);
+#   the cell above prints this release's answer; lesson 08 names the changes.

@@ -341,6 +341,17 @@ def test_a_bad_loss_scale_is_a_clear_error(bad):
         scale_table(torch.ones(3), bad)
 
 
+@pytest.mark.parametrize("bad, kind", [(torch.tensor(65536.0), "Tensor"), ("65536", "str"), (True, "bool")])
+def test_a_loss_scale_of_the_wrong_type_is_refused_by_its_type(bad, kind):
+    with pytest.raises(ValueError, match=f"Python int or float such as 2.0\\*\\*16; a {kind} is refused"):
+        scaled_census(torch.ones(3), "fp16", bad)
+
+
+def test_a_tensor_loss_scale_is_told_to_take_its_value():
+    with pytest.raises(ValueError, match=r"take its value with float\(\.\.\.\)"):
+        scaled_census(torch.ones(3), "fp16", torch.tensor(65536.0))
+
+
 # -- exercise ------------------------------------------------------------------------------
 
 
@@ -382,10 +393,11 @@ def test_gradient_histogram_title_states_the_census():
     c16, cbf = census(g, "fp16"), census(g, "bf16")
     fig = gradient_histogram(g)
     top, ax = fig.axes
-    assert top.get_title() == (f"fp16 flushes {c16.fraction('flushed'):.2%} of these gradients "
+    assert top.get_title() == (f"fp16 flushes {c16.fraction('flushed'):.2%} of the nonzero gradients "
                                f"to zero, bf16 {cbf.fraction('flushed'):.2%}")
     assert c16.flushed > 0 and cbf.flushed == 0
     assert ax.get_xlabel() == "log2 |gradient|" and "log scale" in ax.get_ylabel()
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["subnormal range", "normal range"]
     shifted = gradient_histogram(g, 2.0**22).axes[0].get_title()
     over = scaled_census(g, "fp16", 2.0**22).fraction("overflow")
     assert shifted.startswith("loss scale 2^22: fp16 flushes") and f"fp16 overflows {over:.2%}" in shifted

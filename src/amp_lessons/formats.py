@@ -415,8 +415,11 @@ def census(tensor, name, measured: bool = False) -> Census:
 
 def check_scale(scale) -> float:
     """A loss scale as a float: a positive finite number, else a ValueError saying so."""
-    ok = isinstance(scale, (int, float)) and not isinstance(scale, bool)
-    if not ok or not math.isfinite(scale) or scale <= 0:
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        hint = ": take its value with float(...)" if isinstance(scale, torch.Tensor) else ""
+        raise ValueError(f"the loss scale must be a positive finite number, given as a Python int or "
+                         f"float such as 2.0**16; a {type(scale).__name__} is refused{hint}; got {scale!r}")
+    if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"the loss scale must be a positive finite number such as 2.0**16; got {scale!r}")
     return float(scale)
 

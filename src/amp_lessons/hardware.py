@@ -189,8 +189,9 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                     "bf16 has float32's exponent range, so it needs no GradScaler.")
         if cuda_capability and tuple(cuda_capability) >= (7, 0):
             return ("fp16", True,
-                    f"pre-Ampere GPU (compute capability {cc}): fp16 tensor cores are native, bf16 "
-                    "would only be emulated (slow). fp16's narrow range needs GradScaler.")
+                    f"pre-Ampere GPU (compute capability {cc}): its tensor cores run fp16; bf16 tensor "
+                    "cores start with Ampere, so bf16 is only emulated here. fp16's narrow range "
+                    "underflows small gradients to zero, so the course pairs it with GradScaler.")
         return ("fp32", False,
                 f"GPU without tensor cores (compute capability {cc}): 16-bit math is not faster "
                 "here; autocast would only save activation memory.")

@@ -47,7 +47,7 @@ def format_ranges(names=None, values=None):
             ax.legend(loc="lower right", fontsize=9, frameon=False)
     ax.axvline(0, color="0.3", lw=0.6, ls=":")
     ax.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
-    ax.set_xlim(-170, 150)
+    ax.set_xlim(-195, 150)  # room left of fp32's 2^-149 label, clear of the y-axis ticks
     ax.set_xlabel("log2 |value|   (x = -24 means 2^-24; light: subnormal, dark: normal)")
     spans = {f.name: math.log2(f.max) - math.log2(f.smallest_subnormal) for f in fmts}
     if "fp16" in spans and "bf16" in spans:
@@ -66,7 +66,8 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
     """01: the histogram of log2|value| (nonzero values, times ``scale``) under a strip of
     each format's subnormal (light) and normal (dark) band, with the narrowest format's
     regions shaded behind the bars: flushed to zero (red), subnormal (yellow), overflow
-    (purple). The title says which share each format flushes to zero (and overflows).
+    (purple), and a key for the strip. The title says which share of the nonzero values each
+    format flushes to zero (and overflows).
 
     The x-axis spans the values at every scale from 1 to ``max_scale`` (01's slider goes
     to 2^24), so figures of the same values at different scales share one axis: the bars
@@ -98,6 +99,8 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
         top.barh(y, nor - sub, left=sub, height=0.7, color=_BAND["subnormal"])
         top.barh(y, mx - nor, left=nor, height=0.7, color=_BAND["normal"])
     top.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
+    top.legend(handles=[Patch(color=_BAND[k], label=f"{k} range") for k in ("subnormal", "normal")],
+               loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     top.tick_params(bottom=False)
     top.spines[["top", "right", "bottom"]].set_visible(False)
     regions = [(lo, cuts[0], "flushed"), (cuts[0], cuts[1], "subnormal"), (cuts[2], hi, "overflow")]
@@ -128,7 +131,7 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
     census = [scaled_census(values, f.name, scale) for f in fmts]
     first, *rest = census
     title = ("" if scale == 1 else f"loss scale {label}: ") + (
-        f"{first.format} flushes {first.fraction('flushed'):.2%} of these gradients to zero")
+        f"{first.format} flushes {first.fraction('flushed'):.2%} of the nonzero gradients to zero")
     title += "".join(f", {c.format} {c.fraction('flushed'):.2%}" for c in rest)
     if any(c.overflow for c in census):
         title += "; " + ", ".join(f"{c.format} overflows {c.fraction('overflow'):.2%}" for c in census)

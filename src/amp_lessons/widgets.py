@@ -114,6 +114,10 @@ def live(controls: list, render, figure: bool = False, layout=W.VBox, busy: str 
 # --- 00_start_here -------------------------------------------------------------------
 
 
+# Why fp16 comes with a GradScaler: it is needed where some gradients fall below fp16's range.
+_SCALER_WHY = "yes, in case some gradients fall below fp16's range (lesson 01 counts them)"
+
+
 def describe_precision(name, device=None) -> str:
     """00: what choosing ``name`` means on ``device``: dtype, autocast, scaler, runs here?
 
@@ -127,7 +131,7 @@ def describe_precision(name, device=None) -> str:
         f"precision      {name}",
         f"compute dtype  {dtype_of(name)}",
         f"autocast       {'yes' if uses_autocast(name) else 'no'}",
-        f"GradScaler     {'yes' if needs_scaler(name) else 'no'}",
+        f"GradScaler     {_SCALER_WHY if needs_scaler(name) else 'no'}",
         f"runs on {dev.type:<6} {'yes' if why_not is None else 'no: ' + why_not}",
     ]
     return "\n".join(lines)
