@@ -25,9 +25,18 @@ def test_delayed_scaling_plot_marks_saturation():
     left, right = fig.axes
     assert left.get_xlabel() == "step" and "flushed" in right.get_ylabel()
     assert len(left.collections) == 2  # one scatter of saturated steps per run
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["current", "delayed"]
 
 
 def test_block_training_titles_the_final_losses():
     h = {"step": list(range(30)), "loss": [1.0] * 30}
-    fig = blockplots.block_training({"bf16": h, "mxfp8": h})
-    assert "bf16 1.000" in fig.axes[0].get_title()
+    g = {"step": h["step"], "loss": [1.5] * 30}
+    fig = blockplots.block_training({"bf16": h, "mxfp8": g})
+    assert "bf16 1.000" in fig._suptitle.get_text() and "mxfp8 1.500" in fig._suptitle.get_text()
+    left, right = fig.axes
+    assert len(left.lines) == 2 and "bf16" in right.get_ylabel()
+    assert list(right.lines[0].get_ydata()) == [0.5] * 30  # the gap to the baseline, smoothed
+
+
+def test_running_mean_averages_what_is_there_at_the_start():
+    assert blockplots._running_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]

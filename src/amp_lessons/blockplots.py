@@ -44,47 +44,65 @@ def scheme_bars(table: dict):
 def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = None):
     """09: for each run (``{label: [Step, ...]}`` from :mod:`amp_lessons.delayed`), left the
     log2 of the tensor's largest magnitude after scaling, against the format's largest
-    value; right the values flushed to zero at each step."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    styles = [dict(color="#4c78a8", lw=3, alpha=0.5), dict(color="#e45756", lw=1.4),
-              dict(color="#54a24b", lw=1.2, ls="--"), dict(color="#f58518", lw=1.2, ls=":")]
+    value (the band above it saturates); right the values flushed to zero at each step.
+    Runs drawn first are drawn wider, so a later run on the same values stays visible."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.9))
+    styles = [dict(color="#4c78a8", lw=5, alpha=0.45), dict(color="#e45756", lw=3.2, alpha=0.7),
+              dict(color="#54a24b", lw=1.4, ls="--"), dict(color="#222222", lw=1.0, marker=".", ms=4)]
+    top = math.log2(fmt_max)
+    left.axhspan(top, top + 5, color="#e45756", alpha=0.08, lw=0)
+    left.axhline(top, color="grey", lw=0.6, ls=":")
+    left.text(0, top + 2.5, f"above {fmt_max:g}, e4m3's largest value:\nsaturated (x)", fontsize=8)
     for (label, steps), style in zip(runs.items(), styles * len(runs)):
         xs = [s.step for s in steps]
         left.plot(xs, [math.log2(max(s.scaled_amax, 2.0**-30)) for s in steps], label=label, **style)
-        right.plot(xs, [s.flushed for s in steps], label=label, **style)
+        right.plot(xs, [s.flushed for s in steps], **style)
         hit = [s for s in steps if s.saturated]
         left.scatter([s.step for s in hit], [math.log2(s.scaled_amax) for s in hit], color=style["color"],
-                     marker="x", s=50, zorder=3)
-    left.axhline(math.log2(fmt_max), color="black", lw=0.8)
-    left.text(0, math.log2(fmt_max) + 0.3, f"largest e4m3 value, {fmt_max:g} (x: saturated)", fontsize=8)
+                     marker="x", s=60, zorder=3)
     left.set(xlabel="step", ylabel="log2 of the largest scaled magnitude")
     right.set(xlabel="step", ylabel="nonzero values flushed to zero (of 512)")
-    right.legend(frameon=False, fontsize=8)
     if spike_at is not None:
         for ax in (left, right):
             ax.axvline(spike_at, color="grey", lw=0.6, ls=":")
-    fig.suptitle("delayed scaling casts with a scale from earlier steps: the spike saturates, then "
-                 "keeps the scale small for as long as the history holds it", fontsize=10)
+    fig.legend(*left.get_legend_handles_labels(), frameon=False, fontsize=8, ncol=len(runs),
+               loc="lower center")
+    fig.suptitle("delayed scaling: the spike saturates, then shrinks the scale for as long as the "
+                 "history holds it", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     plt.close(fig)
     return fig
 
 
-def block_training(runs: dict):
-    """09: training loss of each run (``{label: History}``), one line each."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+def _running_mean(ys: list, n: int) -> list:
+    """The mean of each value and the ``n - 1`` before it (fewer at the start)."""
+    return [sum(ys[max(0, i - n + 1):i + 1]) / (i + 1 - max(0, i - n + 1)) for i in range(len(ys))]
+
+
+def block_training(runs: dict, smooth: int = 10):
+    """09: left the training loss of each run (``{label: History}``, the first the baseline),
+    one line each; right each other run's loss minus the baseline's, step by step, as a
+    running mean over ``smooth`` steps, so that runs whose curves overlap come apart."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     styles = [dict(color="#4c78a8", lw=4, alpha=0.4), dict(color="#54a24b", lw=1.4),
               dict(color="#e45756", lw=1.2, ls="--"), dict(color="#f58518", lw=1.2, ls=":")]
+    (base, hb), *others = runs.items()
     for (label, h), style in zip(runs.items(), styles * len(runs)):
-        ax.plot(h["step"], h["loss"], label=label, **style)
-    ax.set(xlabel="optimizer step", ylabel="training loss, cross-entropy (nats)", yscale="log")
-    ax.legend(frameon=False)
+        left.plot(h["step"], h["loss"], label=label, **style)
+    for (_, h), style in zip(others, styles[1:] * len(runs)):
+        gap = [a - b for a, b in zip(h["loss"], hb["loss"])]
+        right.plot(h["step"], _running_mean(gap, smooth), **{**style, "lw": 1.6})
+    right.axhline(0, color=styles[0]["color"], lw=4, alpha=0.4)
+    left.set(xlabel="optimizer step", ylabel="training loss, cross-entropy (nats)", yscale="log")
+    right.set(xlabel="optimizer step", ylabel=f"loss minus {base}'s ({smooth}-step mean)")
+    fig.legend(*left.get_legend_handles_labels(), frameon=False, fontsize=8, ncol=len(runs), loc="lower center")
     ends = {label: sum(h["loss"][-20:]) / len(h["loss"][-20:]) for label, h in runs.items()}
-    ax.set_title("mean loss of the last 20 steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ends.items()),
+    fig.suptitle("mean loss of the last 20 steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ends.items()),
                  fontsize=9)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
+    for ax in (left, right):
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     plt.close(fig)
     return fig

@@ -556,8 +556,10 @@ def cpu_block_refusal() -> str | None:
 HARDWARE = (
     ("a CPU", "none natively: torch's CPU _scaled_mm takes fp8 scales per tensor (and per row from "
      "torch 2.13) and dequantizes to float32; every block scheme here is emulated"),
-    ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; DeepSeek-V3 ran "
-     "1x128 and 128x128 scales in software on H800s, applying them while accumulating"),
+    ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; 1x128 and "
+     "128x128 float32 block scales through cuBLAS 12.9+ (torch 2.13's scaled_mm, when its CUDA is "
+     "12.9+); DeepSeek-V3 ran those scales in its own kernels on H800s, applying them while "
+     "accumulating"),
     ("Blackwell (B200: sm_100)", "MXFP8, MXFP4 and NVFP4 natively: the tensor cores read the block "
      "scales (e8m0, or e4m3 for NVFP4) themselves"),
 )
