@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from .arguments import check_clip_order
 from .claims import measured
 from .models import mlp
 from .precision import dtype_of, needs_scaler, uses_autocast
-from .training import CLIP_ORDERS
 
 
 def lesson_model(hidden: int = 64, seed: int = 0):
@@ -77,8 +77,7 @@ def grad_max(params) -> float:
 
 
 def _check_order(order: str) -> None:
-    if order not in CLIP_ORDERS:
-        raise ValueError(f"order must be one of {', '.join(CLIP_ORDERS)}; got {order!r}")
+    check_clip_order("order", order)
 
 
 def _clip(params, max_norm, clip_value) -> float:
