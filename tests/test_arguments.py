@@ -97,6 +97,7 @@ def test_a_path_is_a_str_or_path_like(path):
     ({"lr": -1e-3}, "lr must be a positive"),
     ({"lr": float("nan")}, "lr must be a positive"),
     ({"lr": float("inf")}, "lr must be a positive"),
+    ({"lr": 1e300}, "lr must be at most 3.4e+38, the largest float32 number"),
     ({"batch_size": 0}, "batch_size must be a positive integer"),
     ({"accum_steps": 1.5}, "accum_steps must be a positive integer"),
     ({"clip_norm": 0.0}, "clip_norm must be a positive finite number; got 0.0"),

@@ -16,6 +16,7 @@ from amp_lessons.data import digits
 from amp_lessons.models import mlp
 from amp_lessons.scaling import first_step_gradients, flush_report, optimizer_steps
 from amp_lessons.training import (
+    GradientRecorder,
     NonFiniteLossError,
     ScaleCollapseError,
     Trainer,
@@ -473,11 +474,27 @@ def test_integer_inputs_get_an_error_naming_both_dtypes(precision):
     assert t.model.training
 
 
-def test_a_model_error_on_float_inputs_is_torchs_own():
+def test_inputs_of_the_wrong_width_say_what_the_model_and_the_data_hold():
     t = trainer("fp32", hidden=16)
     t.model[0] = torch.nn.Linear(63, 16)  # the wrong input width: not a dtype problem
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+    with pytest.raises(ValueError, match=re.escape("the model cannot take this data's inputs of shape [32, 64] "
+                                                   "(torch said: mat1 and mat2 shapes cannot be multiplied")) as err:
         t.fit(1)
+    assert "mlp(64, ...)" in str(err.value) and isinstance(err.value.__cause__, RuntimeError)
+
+
+def test_labels_beyond_the_models_outputs_are_refused_before_any_step():
+    from amp_lessons.data import Dataset
+
+    shifted = Dataset(DATA.x_train, DATA.y_train + 5, DATA.x_test, DATA.y_test)
+    t = Trainer(small_model(), shifted, device="cpu", progress=False)
+    before = params(t)
+    with pytest.raises(ValueError, match="data.y_train holds the class number 1[0-4], but the model gives 10 scores"):
+        t.fit(1)
+    assert same(before, params(t)) and t.step_count == 0
+    ignored = DATA.y_train.clone()
+    ignored[:5] = -100  # cross_entropy's ignore_index: allowed
+    Trainer(small_model(), Dataset(DATA.x_train, ignored, DATA.x_test, DATA.y_test), device="cpu").fit(1)
 
 
 # -- gradient accumulation, against a loop written out by hand ----------------------------------
@@ -553,3 +570,15 @@ def test_applied_norm_is_the_norm_of_the_gradients_the_optimizer_applies(clip_or
         else:  # ... down to clip_norm / scale: the trap of lesson 04
             assert r.applied_norm == pytest.approx(0.05 / r.scale, rel=1e-3)
             assert r.clip_seen_norm == pytest.approx(r.grad_norm * r.scale, rel=1e-3)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"steps": "a"}, TypeError, "steps must be a collection of step numbers"),
+    ({"steps": None}, TypeError, "steps must be a collection of step numbers"),
+    ({"steps": (-1,)}, ValueError, "steps must hold step numbers (integers >= 0)"),
+    ({"module_types": "Linear"}, TypeError, "module_types must be module classes, e.g. (torch.nn.Linear,)"),
+])
+def test_a_gradient_recorder_checks_its_arguments(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        GradientRecorder(**kwargs)
+    assert GradientRecorder(steps=range(2), module_types=torch.nn.Linear).module_types == (torch.nn.Linear,)

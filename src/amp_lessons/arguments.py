@@ -45,6 +45,14 @@ def check_positive(name, value, integer=False):
         raise ValueError(f"{name} must be {kind}; got {value!r}")
 
 
+def check_lr(lr):
+    """A learning rate: positive, and a float32 number (the optimizer multiplies float32 values by it)."""
+    check_positive("lr", lr)
+    if lr > _F32.max:
+        raise ValueError(f"lr must be at most {_F32.max:.3g}, the largest float32 number (the optimizer "
+                         f"multiplies float32 gradients by it); got {lr!r}. Lessons train with 1e-3 to 0.5")
+
+
 def check_bool(name, value, meaning: str) -> bool:
     """``value`` must be True or False; ``meaning`` says what True does."""
     if not isinstance(value, bool):
@@ -166,7 +174,7 @@ def _check_tensor(data, field: str, loss_is_default: bool):
                          "sees one is inf/NaN. Remove or replace them before training")
 
 
-def check_data(data, batch_size: int, accum_steps: int, loss_is_default: bool = True):
+def check_data(data, batch_size: int, accum_steps: int, loss_is_default: bool = True, accum_name="accum_steps"):
     """The dataset of a run, its batch size and accumulation, before any step (01, 03-05).
 
     An optimizer step reads ``batch_size * accum_steps`` training examples; that may be at
@@ -192,10 +200,10 @@ def check_data(data, batch_size: int, accum_steps: int, loss_is_default: bool = 
                          f"use batch_size <= {n}")
     if batch_size * accum_steps > n:
         raise ValueError(
-            f"accum_steps={accum_steps} with batch_size={batch_size} makes one optimizer step read "
+            f"{accum_name}={accum_steps} with batch_size={batch_size} makes one optimizer step read "
             f"{batch_size * accum_steps:,} examples, more than the {n:,} of the training set: it would "
             "average the same examples again, and a single step would take as long as "
-            f"{math.ceil(batch_size * accum_steps / n):,} epochs. Use accum_steps <= {n // batch_size} "
+            f"{math.ceil(batch_size * accum_steps / n):,} epochs. Use {accum_name} <= {n // batch_size} "
             "(one epoch per step) at this batch size")
 
 

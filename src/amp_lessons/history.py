@@ -60,7 +60,7 @@ class History:
     def __getitem__(self, key):
         if isinstance(key, str):
             if key not in self.columns:
-                raise KeyError(f"history has columns {', '.join(self.columns)}; got {key!r}")
+                raise KeyError(f"history has columns {', '.join(self.columns)}; got {key!r}: use one of them")
             return [getattr(r, key) for r in self.records]
         return self.records[key]
 
@@ -86,7 +86,7 @@ class History:
         check_positive("every", every, integer=True)
         unknown = [c for c in columns if c not in self.columns]
         if unknown:
-            raise KeyError(f"history has columns {', '.join(self.columns)}; got {unknown}")
+            raise KeyError(f"history has columns {', '.join(self.columns)}; got {unknown}: use those names")
         rows = [r for i, r in enumerate(self.records) if i % every == 0 or i == len(self.records) - 1]
         cells = [[_fmt(getattr(r, c), c in MEASURED_COLUMNS) for c in columns] for r in rows]
         widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]

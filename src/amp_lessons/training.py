@@ -41,6 +41,7 @@ from .arguments import (
     check_clip,
     check_data,
     check_fit_steps,
+    check_lr,
     check_model,
     check_positive,
     check_scaler_settings,
@@ -76,8 +77,11 @@ class GradientRecorder:
     """
 
     def __init__(self, steps=(0,), module_types=(torch.nn.Linear,)):
-        self.steps = set(steps)
-        self.module_types = module_types
+        self.steps = set(check_steps("steps", steps))
+        types = module_types if isinstance(module_types, tuple) else (module_types,)
+        if not types or not all(isinstance(t, type) and issubclass(t, torch.nn.Module) for t in types):
+            raise TypeError(f"module_types must be module classes, e.g. (torch.nn.Linear,); got {module_types!r}")
+        self.module_types = types
         self._weights: list[torch.Tensor] = []
         self._activations: list[torch.Tensor] = []
         self._handles = []
@@ -349,6 +353,17 @@ class _Probe:
         return [p.grad for p in self.params]
 
 
+def _integer_inputs_message(model, x, said) -> str:
+    """Why a model of floating-point weights refused integer inputs, and the fix (01-05)."""
+    weights = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                      if p.is_floating_point()}) or ["floating point"]
+    return (f"the model got inputs of dtype {str(x.dtype).removeprefix('torch.')}, but its weights are "
+            f"{' and '.join(weights)}: it computes in floating point and expects floating-point "
+            f"inputs (torch said: {said}). Convert the inputs when you build the data, e.g. "
+            "Dataset(x_train.float(), y_train, x_test.float(), y_test); autocast casts floating-point "
+            "inputs only.")
+
+
 _CALLBACK_METHODS = ("attach", "before_step", "after_backward")
 
 
@@ -395,7 +410,7 @@ class Trainer:
         self.precision, self.device = resolve(precision, device)
         check_model(model)
         if lr is not None:
-            check_positive("lr", lr)
+            check_lr(lr)
         check_positive("batch_size", batch_size, integer=True)
         check_positive("accum_steps", accum_steps, integer=True)
         check_data(data, batch_size, accum_steps, loss_is_default=loss_fn is F.cross_entropy)
@@ -435,6 +450,7 @@ class Trainer:
         self.progress = progress_enabled(progress)
         self.step_count = 0
         self.history = History()
+        self._labels_checked = False
         seed_everything(self.seed)
         for cb in self.callbacks:
             getattr(cb, "attach", lambda t: None)(self)
@@ -531,6 +547,8 @@ class Trainer:
     def _loss(self, output, y) -> torch.Tensor:
         """``loss_fn(output, y)``, checked to be one number; inf at the steps in
         ``inject_nonfinite`` (lesson 03's overflow, on purpose)."""
+        if not self._labels_checked:
+            self._check_labels(output)
         loss = self.loss_fn(output, y)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
             got = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(
@@ -638,20 +656,34 @@ class Trainer:
         return self.history
 
     def _model_output(self, x):
-        """``self.model(x)``; integer inputs that the model cannot take get an error that says why."""
+        """``self.model(x)``; inputs that the model cannot take get an error that says why."""
         try:
             return self.model(x)
         except RuntimeError as err:
-            if x.is_floating_point() or x.is_complex():
-                raise
-            weights = sorted({str(p.dtype).removeprefix("torch.") for p in self.model.parameters()
-                              if p.is_floating_point()}) or ["floating point"]
-            raise TypeError(
-                f"the model got inputs of dtype {str(x.dtype).removeprefix('torch.')}, but its weights are "
-                f"{' and '.join(weights)}: it computes in floating point and expects floating-point "
-                f"inputs (torch said: {str(err).splitlines()[0]}). Convert the inputs when you build "
-                "the data, e.g. Dataset(x_train.float(), y_train, x_test.float(), y_test); autocast "
-                "casts floating-point inputs only.") from err
+            said = str(err).splitlines()[0] if str(err) else type(err).__name__
+            if not (x.is_floating_point() or x.is_complex()):
+                raise TypeError(_integer_inputs_message(self.model, x, said)) from err
+            if "shape" in said or "size" in said:
+                raise ValueError(
+                    f"the model cannot take this data's inputs of shape {list(x.shape)} (torch said: {said}). "
+                    f"Each example has shape {list(x.shape[1:])}: build the model for it (e.g. "
+                    f"mlp({x[0].numel()}, ...) for flat examples), or the data for the model.") from err
+            raise
+
+    def _check_labels(self, output) -> None:
+        """Once, at the first forward: class numbers that cross_entropy can take for this
+        model's number of outputs (-100, its ignore_index, included)."""
+        self._labels_checked = True
+        y = self.data.y_train
+        if self.loss_fn is not F.cross_entropy or y.is_floating_point() or output.dim() < 2:
+            return
+        classes = output.shape[1]
+        bad = (y >= classes) | ((y < 0) & (y != -100))
+        if bool(bad.any()):
+            first = int(y[bad][0])
+            raise ValueError(f"data.y_train holds the class number {first}, but the model gives {classes} scores per "
+                             f"example: cross_entropy takes class numbers from 0 to {classes - 1}. Build the model "
+                             f"with {int(y.max()) + 1} outputs, or number the classes from 0. No step was taken.")
 
     @torch.no_grad()
     def evaluate(self) -> float:
