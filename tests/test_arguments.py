@@ -192,6 +192,8 @@ BAD_DATA = {
                                 "data.x_train holds 16 examples and data.y_train 17 labels"),
     "float labels": (tiny_data(y_train=torch.zeros(16)), TypeError,
                      "data.y_train holds torch.float32 values, one per example: cross_entropy takes class numbers"),
+    "bool labels": (tiny_data(y_train=torch.zeros(16, dtype=torch.bool)), TypeError,
+                    "data.y_train holds torch.bool values, one per example: cross_entropy takes class numbers"),
     "bool inputs": (tiny_data(x_train=torch.ones(16, 64, dtype=torch.bool)), TypeError,
                     "data.x_train has dtype torch.bool; the inputs must be numbers"),
     "nan inputs": (tiny_data(x_train=torch.full((16, 64), math.nan)), ValueError,

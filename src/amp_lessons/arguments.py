@@ -28,10 +28,6 @@ _F32 = torch.finfo(torch.float32)
 _DATA_EXAMPLE = "digits(), or Dataset(x_train, y_train, x_test, y_test) from amp_lessons.data"
 
 
-class ArgumentError(ValueError):
-    """An argument a run cannot use; the message says what to pass instead."""
-
-
 def is_number(value) -> bool:
     """A real number that is not a bool (``True`` is not a learning rate)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -165,7 +161,8 @@ def _check_tensor(data, field: str, loss_is_default: bool):
     if field.startswith("x") and not (value.is_floating_point() or value.dtype in (
             torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):
         raise TypeError(f"data.{field} has dtype {value.dtype}; the inputs must be numbers, e.g. float32")
-    if field.startswith("y") and loss_is_default and value.is_floating_point() and value.dim() == 1:
+    if field.startswith("y") and loss_is_default and (value.dtype == torch.bool or value.is_complex() or (
+            value.is_floating_point() and value.dim() == 1)):
         raise TypeError(f"data.{field} holds {value.dtype} values, one per example: cross_entropy takes "
                         f"class numbers as int64; convert them with {field}.long()")
     if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):

@@ -169,8 +169,8 @@ def save(trainer, path):
     except OSError as err:
         if tmp.is_file():
             tmp.unlink()
-        raise CheckpointError(f"cannot save to {path}: {err.strerror or err}. Nothing was written; "
-                              "choose a path you can write to") from None
+        raise CheckpointError(f"cannot save to {path}: writing {tmp.name} failed ({err.strerror or err}). "
+                              "Nothing was written; choose a path you can write to, with room for the file") from None
     return path
 
 
