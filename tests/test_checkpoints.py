@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from amp_lessons.checkpoints import CheckpointError, checkpoint_digest
+from amp_lessons.checkpoints import CheckpointError, checkpoint_digest, settings_differences
 from amp_lessons.data import Dataset, digits
 from amp_lessons.models import mlp
 from amp_lessons.seeding import rng_state
@@ -201,6 +201,8 @@ BAD_VALUES = {
     "negative eps": (set_group("eps", -1e-8), "the optimizer's eps (param group 0) is -1e-08; it must be >= 0"),
     "negative step": (lambda s: s.__setitem__("step", -5), "its step count is -5; it must be an integer >= 0"),
     "history of another length": (lambda s: s["history"].pop(), "its history holds 4 records for 5 steps"),
+    "history longer than the run": (lambda s: s["history"].append(dict(s["history"][-1], step=5)),
+                                    "its history holds 6 records for 5 steps"),
     "scale 0": (lambda s: s["scaler"].__setitem__("scale", 0.0),
                 "its GradScaler state is invalid: the loss scale must be a positive finite number; got 0.0"),
     "scale below the floor": (lambda s: s["scaler"].__setitem__("scale", 1e-6),
@@ -495,6 +497,13 @@ def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(saved, tmp
     assert "continues another run" in message and difference in message, message
     assert f"create the Trainer with the saved run's {argument}" in message and "Nothing was changed" in message
     assert full_state(target) == before
+
+
+def test_settings_that_compare_equal_are_the_same_run():
+    """gamma=1 and gamma=1.0 train the same steps: not a difference."""
+    assert settings_differences({"gamma": 1, "lr": [0.5]}, {"gamma": 1.0, "lr": [0.5]}) == []
+    assert settings_differences({"a": {"b": 1}}, {"a": {"b": 2}, "c": 3}) == [
+        "a.b: saved 1, this trainer 2", "c: saved '(not set)', this trainer 3"]
 
 
 def test_another_dataset_is_refused_by_its_digest(saved):

@@ -255,6 +255,11 @@ def test_by_default_the_scheduler_steps_only_with_the_optimizer():
     assert t.history[0].lr == t.history[1].lr == 1e-3  # step 1 used the lr step 0 did not
 
 
+def test_the_history_records_the_lr_each_step_used():
+    h = trainer("fp32", scheduler=step_lr).fit(7)  # StepLR(3, 0.5): halved after steps 2 and 5
+    assert h["lr"] == pytest.approx([1e-3] * 3 + [5e-4] * 3 + [2.5e-4])
+
+
 def test_the_scheduler_warning_comes_from_the_lessons_run_too():
     from amp_lessons.scaling import scheduler_warnings
 
@@ -492,6 +497,10 @@ def test_labels_beyond_the_models_outputs_are_refused_before_any_step():
     with pytest.raises(ValueError, match="data.y_train holds the class number 1[0-4], but the model gives 10 scores"):
         t.fit(1)
     assert same(before, params(t)) and t.step_count == 0
+    at_the_edge = DATA.y_train.clone()
+    at_the_edge[0] = 10  # one past the last of 10 classes
+    with pytest.raises(ValueError, match="holds the class number 10, but the model gives 10 scores"):
+        Trainer(small_model(), Dataset(DATA.x_train, at_the_edge, DATA.x_test, DATA.y_test), device="cpu").fit(1)
     ignored = DATA.y_train.clone()
     ignored[:5] = -100  # cross_entropy's ignore_index: allowed
     Trainer(small_model(), Dataset(DATA.x_train, ignored, DATA.x_test, DATA.y_test), device="cpu").fit(1)
@@ -582,3 +591,41 @@ def test_a_gradient_recorder_checks_its_arguments(kwargs, error, message):
     with pytest.raises(error, match=re.escape(message)):
         GradientRecorder(**kwargs)
     assert GradientRecorder(steps=range(2), module_types=torch.nn.Linear).module_types == (torch.nn.Linear,)
+
+
+# -- the optimizer: built with the lr asked for, on this model's parameters ----------------------
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_an_optimizer_class_trains_with_the_lr_given():
+    """The issue's case: optimizer=torch.optim.SGD, lr=0.5 trained at SGD's default lr."""
+    t = trainer("fp32", optimizer=torch.optim.SGD, lr=0.5, progress=False)
+    assert isinstance(t.optimizer, torch.optim.SGD) and t.optimizer.param_groups[0]["lr"] == 0.5
+    assert t.fit(1)[0].lr == 0.5 and t.lr == 0.5
+    assert trainer("fp32", optimizer="SGD", lr=None).optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_an_optimizer_built_elsewhere_keeps_its_lr_and_may_not_be_contradicted():
+    model = small_model()
+    t = Trainer(model, DATA, device="cpu", optimizer=torch.optim.SGD(model.parameters(), lr=0.25))
+    assert t.lr == 0.25 and t.fit(1)[0].lr == 0.25
+    with pytest.raises(ValueError, match="the optimizer was built with lr 0.25, and lr=0.5 was passed too"):
+        Trainer(model, DATA, device="cpu", optimizer=lambda p: torch.optim.SGD(p, lr=0.25), lr=0.5)
+
+
+def test_an_optimizer_of_another_models_parameters_is_refused():
+    other = small_model(seed=1)
+    model = small_model()
+    before = params_of(model)
+    for optimizer in (torch.optim.SGD(other.parameters(), lr=0.1), lambda p: torch.optim.SGD(other.parameters())):
+        with pytest.raises(ValueError, match="the optimizer holds 6 of its 6 parameters from outside this model"):
+            Trainer(model, DATA, device="cpu", optimizer=optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, params_of(model)))
+
+
+def test_an_optimizer_whose_step_needs_a_closure_is_refused():
+    with pytest.raises(TypeError, match="LBFGS.step\\(\\) needs closure"):
+        trainer("fp32", optimizer=torch.optim.LBFGS, lr=None)

@@ -353,7 +353,7 @@ def settings_differences(saved: dict, mine: dict) -> list[str]:
     out = []
     for key in list(dict.fromkeys([*a, *b])):
         x, y = a.get(key, _ABSENT), b.get(key, _ABSENT)
-        if x != y or type(x) is not type(y):
+        if x != y:  # 1 and 1.0 are the same setting
             out.append(f"{key}: saved {x!r}, this trainer {y!r}")
     return out
 
