@@ -136,6 +136,10 @@ def test_fit_wants_a_positive_number_of_steps(steps):
 def test_fit_refuses_a_run_the_history_could_not_hold_before_any_step():
     t = trainer("fp32")
     before = weights(t.model)
+    t.step_count = arguments.MAX_FIT_STEPS  # a run at the bound: one step more is refused, at once
+    with pytest.raises(ValueError, match="this trainer has run 1,000,000 and got steps=1"):
+        t.fit(1)
+    t.step_count = 0
     with pytest.raises(ValueError, match="steps must keep the run within 1,000,000 optimizer steps"):
         t.fit(arguments.MAX_FIT_STEPS + 1)
     assert t.step_count == 0 and all(torch.equal(a, b) for a, b in zip(before, weights(t.model)))
