@@ -6,6 +6,8 @@ loads it, compared value by value and bit by bit (floats by repr, tensors by the
 
 import collections
 import math
+import os
+import pickle
 import random
 import re
 import zipfile
@@ -333,8 +335,6 @@ class RunsCode:
         self.marker = str(marker)
 
     def __reduce__(self):
-        import os
-
         return (os.makedirs, (self.marker,))
 
 
@@ -361,7 +361,7 @@ def corrupted_files(saved_path, tmp_path):
         write(f"flipped at {start}", bytes(data))
     write("empty", b"")
     write("text", b"not a checkpoint\n")
-    write("python dump", __import__("pickle").dumps({"format": "amp-lessons-checkpoint/3"}))
+    write("python dump", pickle.dumps({"format": "amp-lessons-checkpoint/3"}))
     with zipfile.ZipFile(tmp_path / "other.zip", "w") as z:
         z.writestr("hello.txt", "hi")
     out.append(("a zip of something else", tmp_path / "other.zip"))
