@@ -5,6 +5,7 @@ a float32 run, and one large batch of the same examples.
 """
 
 import math
+import re
 import warnings
 
 import pytest
@@ -18,6 +19,7 @@ from amp_lessons.clipping import (
     accumulate_without_dividing,
     check_clipping,
     clip_and_unscale,
+    clipping_table,
     effective_threshold,
     lesson_model,
     measured_thresholds,
@@ -408,3 +410,31 @@ def test_clipping_figure(data):
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
     assert fig._suptitle.get_text().startswith("wrong: updates")
     assert not math.isnan(fig.axes[1].get_lines()[0].get_ydata()[0])
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"k": 0}, ValueError, "k must be a positive integer; got 0"),
+    ({"k": 10**7}, ValueError, "k=10000000 with batch_size=32 makes one optimizer step read"),
+    ({"batch_size": 0}, ValueError, "batch_size must be a positive integer; got 0"),
+    ({"steps": -1}, ValueError, "steps must be a positive integer; got -1"),
+    ({"max_norm": math.nan}, ValueError, "max_norm must be a positive finite number; got nan"),
+    ({"lr": 1e300}, ValueError, "lr must be at most 3.4e+38"),
+    ({"optimizer": "adam"}, ValueError, "optimizer must be one of sgd, adamw; got 'adam'"),
+    ({"step_fn": "accumulate"}, TypeError, "step_fn must be one of ACCUMULATION_VARIANTS' functions"),
+])
+def test_run_accumulation_refuses_bad_settings_before_any_step(kwargs, error, message):
+    model = lesson_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    step_fn = kwargs.pop("step_fn", accumulate)
+    with pytest.raises(error, match=re.escape(message)):
+        run_accumulation(step_fn, model, digits(), **kwargs)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_reading_a_history_wants_a_threshold_and_runs():
+    h = Trainer(lesson_model(), digits(), device="cpu", clip_norm=1.0, progress=False).fit(2)
+    with pytest.raises(ValueError, match="max_norm must be a positive finite number; got 0"):
+        measured_thresholds(h, 0)
+    with pytest.raises(ValueError, match="runs must map each run's name to the history of a clipped run"):
+        clipping_table({}, 1.0)
+    assert len(clipping_table({"fp32": h}, 1.0).splitlines()) == 2

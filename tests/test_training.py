@@ -16,11 +16,9 @@ from amp_lessons.data import digits
 from amp_lessons.models import mlp
 from amp_lessons.scaling import first_step_gradients, flush_report, optimizer_steps
 from amp_lessons.training import (
-    CheckpointError,
-    History,
+    GradientRecorder,
     NonFiniteLossError,
     ScaleCollapseError,
-    StepRecord,
     Trainer,
     _count_zeros,
     _global_norm,
@@ -37,7 +35,12 @@ def small_model(seed=0, hidden=32):
 
 
 def trainer(precision="fp16", seed=0, hidden=32, **kwargs):
-    kwargs = {"optimizer": "adam", "lr": 1e-3, "batch_size": 32, "init_scale": 2.0**10, **kwargs}
+    """A Trainer of the small MLP (its weights from ``seed``) with Adam at lr 1e-3, or the
+    ``optimizer`` given, which then sets its own lr."""
+    defaults = {"optimizer": "adam", "batch_size": 32, "init_scale": 2.0**10}
+    if isinstance(kwargs.get("optimizer", "adam"), str):
+        defaults["lr"] = 1e-3
+    kwargs = {**defaults, **kwargs}
     return Trainer(small_model(seed, hidden), DATA, precision=precision, device="cpu", **kwargs)
 
 
@@ -175,110 +178,6 @@ def test_count_zeros_counts_negative_zero_and_not_nan():
     assert int(_count_zeros(mixed)) == 3 and int(_count_zeros([torch.ones(3)])) == 0
 
 
-# -- checkpoints -------------------------------------------------------------------------------
-
-
-def step_lr(opt):
-    return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("scheduler", [None, step_lr])
-def test_resuming_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, precision, scheduler):
-    kwargs = {"scheduler": scheduler, "growth_interval": 2,
-              "inject_nonfinite": (2, 7) if precision == "fp16" else ()}
-    whole = trainer(precision, **kwargs)
-    whole.fit(10)
-    first = trainer(precision, **kwargs)
-    first.fit(5)
-    first.save(tmp_path / "run.pt")
-    resumed = trainer(precision, seed=1, **kwargs)  # other weights: all of them come from the file
-    resumed.load(tmp_path / "run.pt")
-    assert resumed.step_count == 5
-    resumed.fit(5)
-    assert same(params(whole), params(resumed))
-    assert same(optimizer_tensors(whole), optimizer_tensors(resumed))
-    assert whole.current_scale() == resumed.current_scale()
-    assert whole.scaler.state_dict() == resumed.scaler.state_dict()
-    assert without_time(whole.history) == without_time(resumed.history)
-    if scheduler is not None:
-        assert whole.scheduler.state_dict() == resumed.scheduler.state_dict()
-        assert whole.optimizer.param_groups[0]["lr"] == resumed.optimizer.param_groups[0]["lr"]
-
-
-def snapshot(t):
-    return (params(t), optimizer_tensors(t), t.step_count, without_time(t.history), t.current_scale())
-
-
-def assert_untouched(t, before):
-    p, o, step, hist, scale = before
-    assert same(p, params(t)) and same(o, optimizer_tensors(t))
-    assert (t.step_count, without_time(t.history), t.current_scale()) == (step, hist, scale)
-
-
-@pytest.fixture
-def saved(tmp_path):
-    t = trainer("fp16")
-    t.fit(3)
-    return t.save(tmp_path / "fp16.pt")
-
-
-def bad_checkpoints(saved, tmp_path):
-    raw = saved.read_bytes()
-    (tmp_path / "truncated.pt").write_bytes(raw[: len(raw) // 2])
-    (tmp_path / "corrupt.pt").write_bytes(bytes(b ^ 0x5A for b in raw))
-    (tmp_path / "empty.pt").write_bytes(b"")
-    torch.save({"weights": torch.ones(3)}, tmp_path / "foreign.pt")
-    state = torch.load(saved, weights_only=True)
-    del state["history"]
-    torch.save(state, tmp_path / "incomplete.pt")
-    other_model = trainer("fp16", hidden=16)
-    other_model.fit(1)
-    other_model.save(tmp_path / "other_model.pt")
-    other_precision = trainer("bf16")
-    other_precision.fit(1)
-    other_precision.save(tmp_path / "bf16.pt")
-    other_optimizer = trainer("fp16", optimizer="sgd")
-    other_optimizer.fit(1)
-    other_optimizer.save(tmp_path / "sgd.pt")
-    no_scaler = trainer("fp16", scaler=False, teaching=True)
-    no_scaler.fit(1)
-    no_scaler.save(tmp_path / "no_scaler.pt")
-    with_scheduler = trainer("fp16", scheduler=step_lr)
-    with_scheduler.fit(1)
-    with_scheduler.save(tmp_path / "scheduler.pt")
-    return {
-        "truncated": "not a readable", "corrupt": "not a readable", "empty": "not a readable",
-        "foreign": "not an amp-lessons checkpoint", "incomplete": "incomplete",
-        "other_model": "another model", "bf16": "bf16 run", "sgd": "SGD optimizer",
-        "no_scaler": "without a GradScaler", "scheduler": "with an lr scheduler",
-    }
-
-
-def test_a_bad_checkpoint_raises_checkpoint_error_and_leaves_the_trainer_untouched(saved, tmp_path):
-    cases = bad_checkpoints(saved, tmp_path)
-    t = trainer("fp16", seed=3, inject_nonfinite=(1,))
-    t.fit(4)
-    before = snapshot(t)
-    for name, message in cases.items():
-        with pytest.raises(CheckpointError, match=message):
-            t.load(tmp_path / f"{name}.pt")
-        assert_untouched(t, before)
-    t.fit(1)  # and it still trains
-
-
-def test_a_checkpoint_that_fails_halfway_through_loading_is_rolled_back(saved, tmp_path):
-    state = torch.load(saved, weights_only=True)
-    del state["model"]["2.bias"]  # the signature still matches; load_state_dict fails late
-    torch.save(state, tmp_path / "half.pt")
-    t = trainer("fp16", seed=3)
-    t.fit(2)
-    before = snapshot(t)
-    with pytest.raises(CheckpointError, match="nothing was changed"):
-        t.load(tmp_path / "half.pt")
-    assert_untouched(t, before)
-
-
 # -- the loop's GradScaler ---------------------------------------------------------------------
 
 
@@ -316,38 +215,6 @@ def test_a_non_finite_loss_without_a_scaler_raises_naming_the_step(precision, ac
     assert all(p.grad is None for p in t.model.parameters())
 
 
-# -- bad input ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"precision": "fp61"}, "precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"),
-    ({"lr": 0}, "lr must be a positive finite number; got 0"),
-    ({"lr": -1e-3}, "lr must be a positive"),
-    ({"lr": float("nan")}, "lr must be a positive"),
-    ({"batch_size": 0}, "batch_size must be a positive integer"),
-    ({"accum_steps": 1.5}, "accum_steps must be a positive integer"),
-    ({"clip_norm": 0.0}, "clip_norm must be a positive finite number; got 0.0"),
-    ({"clip_norm": -1.0}, "clip_norm must be a positive"),
-    ({"clip_order": "after"}, "clip_order must be one of unscale_first, before_unscale; got 'after'"),
-    ({"optimizer": "lion"}, "optimizer must be one of sgd, adam, adamw or a callable"),
-    ({"init_scale": 0.0}, "init_scale must be a positive"),
-    ({"growth_interval": 0}, "growth_interval must be a positive integer"),
-    ({"growth_factor": 1.0}, "growth_factor must be a finite number >= 1 + 2**-23"),
-    ({"backoff_factor": 1.0}, "backoff_factor must be between 0 and 1"),
-    ({"min_scale": -1.0}, "min_scale must be a positive"),
-])
-def test_bad_settings_are_clear_errors(kwargs, message):
-    precision = kwargs.pop("precision", "fp16")
-    with pytest.raises(ValueError, match=re.escape(message)):
-        trainer(precision, **kwargs)
-
-
-@pytest.mark.parametrize("steps", [0, -3, 2.5, True])
-def test_fit_wants_a_positive_number_of_steps(steps):
-    with pytest.raises(ValueError, match="steps must be a positive integer"):
-        trainer("fp32").fit(steps)
-
-
 def test_fp16_without_a_scaler_warns_unless_teaching():
     with pytest.warns(UserWarning, match="fp16 without a GradScaler"):
         trainer("fp16", scaler=False)
@@ -360,6 +227,10 @@ def test_fp16_without_a_scaler_warns_unless_teaching():
 def test_the_wrong_clip_order_warns_unless_teaching():
     with pytest.warns(UserWarning, match="clip_order='before_unscale'"):
         trainer("fp16", clip_norm=1.0, clip_order="before_unscale")
+
+
+def step_lr(opt):
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 
 
 # -- the lr scheduler after a skipped step -----------------------------------------------------
@@ -384,6 +255,11 @@ def test_by_default_the_scheduler_steps_only_with_the_optimizer():
     assert t.history[0].lr == t.history[1].lr == 1e-3  # step 1 used the lr step 0 did not
 
 
+def test_the_history_records_the_lr_each_step_used():
+    h = trainer("fp32", scheduler=step_lr).fit(7)  # StepLR(3, 0.5): halved after steps 2 and 5
+    assert h["lr"] == pytest.approx([1e-3] * 3 + [5e-4] * 3 + [2.5e-4])
+
+
 def test_the_scheduler_warning_comes_from_the_lessons_run_too():
     from amp_lessons.scaling import scheduler_warnings
 
@@ -391,30 +267,6 @@ def test_the_scheduler_warning_comes_from_the_lessons_run_too():
     assert t.history[0].skipped and any(SCHEDULER_WARNING in m for m in wrong)
     right, t = scheduler_warnings(False)
     assert t.history[0].skipped and not right
-
-
-# -- the history -------------------------------------------------------------------------------
-
-
-def test_history_columns_rows_and_table():
-    h = trainer("fp16", inject_nonfinite=(2,)).fit(12)
-    assert History.columns == tuple(f for f in StepRecord.__dataclass_fields__)
-    assert History.columns == ("step", "loss", "scale", "skipped", "grad_norm", "clip_seen_norm",
-                               "applied_norm", "zero_frac", "lr", "ms")
-    assert len(h) == 12 and h["step"] == list(range(12)) and isinstance(h[3], StepRecord)
-    assert h[-1] is h.records[-1] and h.skipped == 1 and repr(h) == "History(12 steps, 1 skipped)"
-    assert all(math.isnan(v) for v in h["clip_seen_norm"])  # no clipping asked for
-    lines = h.table(every=5).splitlines()
-    assert lines[0].split() == ["step", "loss", "scale", "skipped", "grad_norm", "zero_frac"]
-    assert [line.split()[0] for line in lines[1:]] == ["0", "5", "10", "11"]
-    assert h.table(columns=("step", "skipped")).splitlines()[3].split() == ["2", "yes"]
-    assert "inf" in h.table(columns=("loss",)).splitlines()[3]
-    with pytest.raises(KeyError, match="history has columns"):
-        h["nope"]
-    with pytest.raises(KeyError, match="history has columns"):
-        h.table(columns=("step", "nope"))
-    with pytest.raises(ValueError, match="every must be a positive integer"):
-        h.table(every=0)
 
 
 def test_history_records_the_unscaled_loss_and_gradient_norm():
@@ -524,17 +376,6 @@ def test_the_lr_scheduler_follows_the_applied_steps_even_when_the_scale_stays():
     assert t.scheduler.last_epoch == optimizer_steps(t.optimizer) == 3
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"backoff_factor": 1 - 1e-9}, "backoff_factor must be between 0 and 1 - 2**-23"),
-    ({"backoff_factor": 1 - 2.0**-24}, "backoff_factor must be between 0 and 1 - 2**-23"),
-    ({"growth_factor": 1 + 1e-9}, "growth_factor must be a finite number >= 1 + 2**-23"),
-    ({"growth_factor": 1e39}, "growth_factor must be a finite number >= 1 + 2**-23"),
-])
-def test_scale_factors_that_float32_rounds_to_1_are_refused(kwargs, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        trainer(**kwargs)
-
-
 @pytest.mark.parametrize("init_scale", [2.0**10, 3.0 * 2**20, 1.7e38])
 def test_the_backoff_closest_to_1_that_is_accepted_really_lowers_the_scale(init_scale):
     t = trainer(init_scale=init_scale, backoff_factor=1 - 2.0**-23, inject_nonfinite=(0, 1, 2))
@@ -601,14 +442,6 @@ def test_reduce_lr_on_plateau_is_stepped_by_hand_as_the_error_says():
     assert t.optimizer.param_groups[0]["lr"] < 1e-3
 
 
-def test_seed_everything_checks_its_seed():
-    from amp_lessons.seeding import seed_everything
-
-    with pytest.raises(TypeError, match="seed must be an integer"):
-        seed_everything("abc")
-    assert seed_everything(2**32 - 1) is None  # no stray Out: in the lessons' setup cells
-
-
 def test_a_model_must_be_a_module():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module; got function"):
         Trainer(lambda x: x, DATA, device="cpu")
@@ -646,35 +479,153 @@ def test_integer_inputs_get_an_error_naming_both_dtypes(precision):
     assert t.model.training
 
 
-def test_a_model_error_on_float_inputs_is_torchs_own():
+def test_inputs_of_the_wrong_width_say_what_the_model_and_the_data_hold():
     t = trainer("fp32", hidden=16)
     t.model[0] = torch.nn.Linear(63, 16)  # the wrong input width: not a dtype problem
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+    with pytest.raises(ValueError, match=re.escape("the model cannot take this data's inputs of shape [32, 64] "
+                                                   "(torch said: mat1 and mat2 shapes cannot be multiplied")) as err:
         t.fit(1)
+    assert "mlp(64, ...)" in str(err.value) and isinstance(err.value.__cause__, RuntimeError)
 
 
-def test_the_numpy_rng_is_saved_as_int64_and_restored_as_uint32(tmp_path):
-    import numpy as np
+def test_labels_beyond_the_models_outputs_are_refused_before_any_step():
+    from amp_lessons.data import Dataset
 
-    t = trainer("bf16")
-    t.fit(1)
-    state = torch.load(t.save(tmp_path / "run.pt"), weights_only=True)
-    assert state["rng"]["numpy"][1].dtype == torch.int64  # a dtype every torch release saves
-    np.random.rand(5)
-    expected = np.random.get_state()[1].copy()
-    t.load(tmp_path / "run.pt")
-    np.random.rand(5)
-    assert np.random.get_state()[1].dtype == np.uint32
-    assert np.array_equal(np.random.get_state()[1], expected)
+    shifted = Dataset(DATA.x_train, DATA.y_train + 5, DATA.x_test, DATA.y_test)
+    t = Trainer(small_model(), shifted, device="cpu", progress=False)
+    before = params(t)
+    with pytest.raises(ValueError, match="data.y_train holds the class number 1[0-4], but the model gives 10 scores"):
+        t.fit(1)
+    assert same(before, params(t)) and t.step_count == 0
+    at_the_edge = DATA.y_train.clone()
+    at_the_edge[0] = 10  # one past the last of 10 classes
+    with pytest.raises(ValueError, match="holds the class number 10, but the model gives 10 scores"):
+        Trainer(small_model(), Dataset(DATA.x_train, at_the_edge, DATA.x_test, DATA.y_test), device="cpu").fit(1)
+    ignored = DATA.y_train.clone()
+    ignored[:5] = -100  # cross_entropy's ignore_index: allowed
+    Trainer(small_model(), Dataset(DATA.x_train, ignored, DATA.x_test, DATA.y_test), device="cpu").fit(1)
 
 
-def test_the_data_functions_check_their_arguments():
-    from amp_lessons.data import random_task
+# -- gradient accumulation, against a loop written out by hand ----------------------------------
 
-    with pytest.raises(ValueError, match="test_fraction must be at least 0 .* and below 1; got 1.5"):
-        digits(test_fraction=1.5)
-    with pytest.raises(TypeError, match="seed must be an integer"):
-        digits(seed="abc")
-    with pytest.raises(ValueError, match="seed must be an integer"):
-        random_task(seed=-3)
-    assert len(digits(test_fraction=0.0).x_test) == 0  # allowed; evaluate() then says what is missing
+
+def hand_accumulation(model, steps, accum_steps, batch_size, lr, seed=0):
+    """The recipe in fp32 with SGD, written out: micro-batch ``step * k + i`` of the seeded
+    order, each loss divided by ``k``, one update per ``k`` backward passes."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for micro in range(accum_steps):
+            x, y = DATA.batch(step * accum_steps + micro, batch_size, seed)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            if accum_steps > 1:
+                loss = loss / accum_steps
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+    return losses
+
+
+@pytest.mark.parametrize("accum_steps", [1, 2, 3, 4])
+def test_accumulation_steps_match_a_hand_written_loop_bit_for_bit(accum_steps):
+    """Every step draws its own k new micro-batches (not those of an earlier step) and
+    divides each loss by k: 4 steps compared with the loop above, parameter bit for bit."""
+    t = trainer("fp32", optimizer=lambda p: torch.optim.SGD(p, lr=0.1), accum_steps=accum_steps, batch_size=16)
+    h = t.fit(4)
+    reference = small_model()
+    losses = hand_accumulation(reference, 4, accum_steps, 16, lr=0.1)
+    assert same(params(t), [p.detach() for p in reference.parameters()])
+    assert h["loss"] == pytest.approx(losses, rel=1e-6)
+
+
+@pytest.mark.parametrize("accum_steps", [2, 3])
+def test_accumulated_gradients_are_the_mean_over_the_micro_batches(accum_steps):
+    """k micro-batches of b, each divided by k: the gradient of one batch of k * b examples
+    (an undivided loss would give k times it)."""
+    seen = []
+
+    class Grads:
+        def after_backward(self, t):
+            seen.append(torch.cat([p.grad.flatten() for p in t.model.parameters()]).clone())
+
+    trainer("fp32", accum_steps=accum_steps, batch_size=16, callbacks=[Grads()]).fit(1)
+    model = small_model()  # the weights the trainer started from
+    xs, ys = zip(*(DATA.batch(i, 16, 0) for i in range(accum_steps)))
+    torch.nn.functional.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+    big = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.allclose(seen[0], big, rtol=1e-5, atol=1e-7)
+
+
+# -- the norms the history records, around the clip ---------------------------------------------
+
+
+@pytest.mark.parametrize("clip_order", ["unscale_first", "before_unscale"])
+def test_applied_norm_is_the_norm_of_the_gradients_the_optimizer_applies(clip_order):
+    """Read from the gradients at the optimizer's own step (a post-hook, before zero_grad)."""
+    t = trainer("fp16", clip_norm=0.05, clip_order=clip_order, teaching=True, init_scale=2.0**10)
+    at_step = []
+    t.optimizer.register_step_post_hook(
+        lambda opt, *_: at_step.append(float(torch.cat([p.grad.flatten() for p in t.model.parameters()]).norm())))
+    h = t.fit(3)
+    assert [r.skipped for r in h] == [False] * 3
+    assert h["applied_norm"] == pytest.approx(at_step, rel=1e-4)
+    for r in h:
+        assert r.grad_norm > 0.05  # every step was clipped ...
+        if clip_order == "unscale_first":  # ... down to clip_norm
+            assert r.applied_norm == pytest.approx(0.05, rel=1e-4) and r.clip_seen_norm == pytest.approx(r.grad_norm)
+        else:  # ... down to clip_norm / scale: the trap of lesson 04
+            assert r.applied_norm == pytest.approx(0.05 / r.scale, rel=1e-3)
+            assert r.clip_seen_norm == pytest.approx(r.grad_norm * r.scale, rel=1e-3)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"steps": "a"}, TypeError, "steps must be a collection of step numbers"),
+    ({"steps": None}, TypeError, "steps must be a collection of step numbers"),
+    ({"steps": (-1,)}, ValueError, "steps must hold step numbers (integers >= 0)"),
+    ({"module_types": "Linear"}, TypeError, "module_types must be module classes, e.g. (torch.nn.Linear,)"),
+])
+def test_a_gradient_recorder_checks_its_arguments(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        GradientRecorder(**kwargs)
+    assert GradientRecorder(steps=range(2), module_types=torch.nn.Linear).module_types == (torch.nn.Linear,)
+
+
+# -- the optimizer: built with the lr asked for, on this model's parameters ----------------------
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_an_optimizer_class_trains_with_the_lr_given():
+    """The issue's case: optimizer=torch.optim.SGD, lr=0.5 trained at SGD's default lr."""
+    t = trainer("fp32", optimizer=torch.optim.SGD, lr=0.5, progress=False)
+    assert isinstance(t.optimizer, torch.optim.SGD) and t.optimizer.param_groups[0]["lr"] == 0.5
+    assert t.fit(1)[0].lr == 0.5 and t.lr == 0.5
+    assert trainer("fp32", optimizer="SGD", lr=None).optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_an_optimizer_built_elsewhere_keeps_its_lr_and_may_not_be_contradicted():
+    model = small_model()
+    t = Trainer(model, DATA, device="cpu", optimizer=torch.optim.SGD(model.parameters(), lr=0.25))
+    assert t.lr == 0.25 and t.fit(1)[0].lr == 0.25
+    with pytest.raises(ValueError, match="the optimizer was built with lr 0.25, and lr=0.5 was passed too"):
+        Trainer(model, DATA, device="cpu", optimizer=lambda p: torch.optim.SGD(p, lr=0.25), lr=0.5)
+
+
+def test_an_optimizer_of_another_models_parameters_is_refused():
+    other = small_model(seed=1)
+    model = small_model()
+    before = params_of(model)
+    for optimizer in (torch.optim.SGD(other.parameters(), lr=0.1), lambda p: torch.optim.SGD(other.parameters())):
+        with pytest.raises(ValueError, match="the optimizer holds 6 of its 6 parameters from outside this model"):
+            Trainer(model, DATA, device="cpu", optimizer=optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, params_of(model)))
+
+
+def test_an_optimizer_whose_step_needs_a_closure_is_refused():
+    with pytest.raises(TypeError, match="LBFGS.step\\(\\) needs closure"):
+        trainer("fp32", optimizer=torch.optim.LBFGS, lr=None)

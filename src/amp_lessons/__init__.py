@@ -10,7 +10,10 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``trace``      which aten op ran in which dtype under autocast (02)
 - ``models``     the small models the lessons train and trace (02-05)
 - ``data``       the lessons' datasets, generated or shipped offline with scikit-learn
-- ``training``   the one training loop, its history and checkpoints (01, 03-05)
+- ``training``   the one training loop, ``Trainer``, whose step reads as the recipe (01, 03-05)
+- ``history``    a run's per-step records and their table (01, 03-05)
+- ``checkpoints`` save and load a run: exact resume or a refusal that names why (03)
+- ``arguments``  the checks of every training entry point's arguments (01, 03-05)
 - ``scaling``    lesson 03's configuration: small gradients, flush reports, scale changes
 - ``clipping``   lesson 04's clip orders, accumulation variants and the scaled-clip diagnostic
 - ``measure``    activation memory, what a training step holds, step timing, matmul rates (05)

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from .arguments import check_clip_order, check_data, check_lr, check_positive
 from .claims import measured
 from .models import mlp
 from .precision import dtype_of, needs_scaler, uses_autocast
-from .training import CLIP_ORDERS
 
 
 def lesson_model(hidden: int = 64, seed: int = 0):
@@ -77,8 +77,7 @@ def grad_max(params) -> float:
 
 
 def _check_order(order: str) -> None:
-    if order not in CLIP_ORDERS:
-        raise ValueError(f"order must be one of {', '.join(CLIP_ORDERS)}; got {order!r}")
+    check_clip_order("order", order)
 
 
 def _clip(params, max_norm, clip_value) -> float:
@@ -163,6 +162,7 @@ def effective_threshold(threshold: float, scale: float, order: str) -> float:
 def measured_thresholds(history, max_norm: float) -> list[float]:
     """Per step, the threshold the clip applied in true (unscaled) units:
     ``max_norm * true norm / norm the clip saw``. NaN where the run did not clip."""
+    check_positive("max_norm", max_norm)
     return [max_norm * r.grad_norm / r.clip_seen_norm if r.clip_seen_norm > 0 else math.nan
             for r in history]
 
@@ -179,6 +179,10 @@ def clipping_table(runs: dict, max_norm: float, last: int = 10) -> str:
 
     The threshold is exact by construction (``max_norm``, or ``max_norm / scale``); the
     norms, the share clipped and the loss come out of float kernels and print with ``≈``."""
+    if not isinstance(runs, dict) or not runs or not all(len(h) for h in runs.values()):
+        raise ValueError("runs must map each run's name to the history of a clipped run, e.g. "
+                         f"{{'fp16': trainer.fit(60)}}; got {runs!r}")
+    check_positive("last", last, integer=True)
     head = (f"{'run':<26}{'scale':>8}{'clip saw':>11}{'threshold':>11}"
             f"{'clipped':>9}{'applied':>11}{'loss':>8}")
     lines = [head]
@@ -260,15 +264,31 @@ def _flat(model) -> torch.Tensor:
     return torch.cat([p.detach().float().flatten() for p in model.parameters()]).cpu()
 
 
+_ACCUMULATION_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+
+
+def _check_accumulation(step_fn, data, k, batch_size, steps, max_norm, optimizer, lr) -> None:
+    """The settings of :func:`run_accumulation`, checked before any step (04_clipping)."""
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be one of ACCUMULATION_VARIANTS' functions, e.g. accumulate; got {step_fn!r}")
+    for name, value in (("k", k), ("batch_size", batch_size), ("steps", steps)):
+        check_positive(name, value, integer=True)
+    check_positive("max_norm", max_norm)
+    check_lr(lr)
+    if optimizer not in _ACCUMULATION_OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(_ACCUMULATION_OPTIMIZERS)}; got {optimizer!r}")
+    check_data(data, batch_size, k, accum_name="k")
+
+
 def run_accumulation(step_fn, model, data, *, k=4, batch_size=32, steps=1, max_norm=1.0,
                      optimizer="sgd", lr=0.5, precision="fp16", seed=0) -> AccumulationRun:
     """Train ``model`` for ``steps`` optimizer steps of ``k`` micro-batches with ``step_fn``
     (one of :data:`ACCUMULATION_VARIANTS`); ``k=1`` with ``k`` times the batch size is the
     large-batch reference. Micro-batch ``i`` of step ``s`` is ``data.batch(s * k + i)``, so
     the k micro-batches of a step hold exactly the examples of the large batch."""
+    _check_accumulation(step_fn, data, k, batch_size, steps, max_norm, optimizer, lr)
     device = next(model.parameters()).device
-    makers = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
-    opt = makers[optimizer](model.parameters(), lr=lr)
+    opt = _ACCUMULATION_OPTIMIZERS[optimizer](model.parameters(), lr=lr)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_scaler(precision))
     run = AccumulationRun(first_update=torch.empty(0))
     counts = {"step": 0, "update": 0}

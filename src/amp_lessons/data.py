@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .seeding import check_seed
+from .arguments import check_seed
 
 
 @dataclass

@@ -1,27 +1,17 @@
 """Seeding and RNG state: every lesson's setup cell calls ``seed_everything(0)``.
 
-Checkpoints (``training``) save and restore the same RNG states, so a resumed run
+Checkpoints (``checkpoints``) save and restore the same RNG states, so a resumed run
 continues exactly like an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import numbers
 import random
 
 import numpy as np
 import torch
 
-SEED_LIMIT = 2**32  # NumPy's seeds are 0 .. 2**32 - 1; one range for every library
-
-
-def check_seed(seed) -> int:
-    """``seed`` as an ``int``, or an error that says what a seed is (any integer from 0 to 2**32 - 1)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an integer from 0 to 2**32 - 1, e.g. seed=0; got {seed!r}")
-    if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1, e.g. seed=0; got {seed!r}")
-    return int(seed)
+from .arguments import check_seed
 
 
 def seed_everything(seed: int = 0) -> None:

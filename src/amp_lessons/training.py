@@ -1,6 +1,6 @@
-"""The one training loop of the course, its per-step history, and its checkpoints.
+"""The one training loop of the course: :class:`Trainer`, one optimizer step at a time.
 
-Lessons 01 and 03-05 train through :class:`Trainer`. One optimizer step reads like the
+Lessons 01 and 03-05 train through :class:`Trainer`. :meth:`Trainer.step` reads like the
 recipe, with ``enabled=`` flags instead of branches::
 
     with torch.autocast(device.type, dtype=dtype, enabled=use_amp):
@@ -11,43 +11,54 @@ recipe, with ``enabled=`` flags instead of branches::
     scaler.step(opt)                       # skipped when the gradients hold inf/NaN
     scaler.update()                        # halve on a skip, grow after growth_interval clean steps
 
-For teaching, the loop can also clip *before* ``unscale_`` (lesson 04), run fp16 without a
-scaler (lesson 03) and make the loss non-finite at chosen steps (lesson 03).
+What the lessons measure on the way (each step's gradient norms and zeros, the callbacks
+such as :class:`GradientRecorder`) and the teaching variants (clipping *before*
+``unscale_``, lesson 04; fp16 without a scaler and a loss made non-finite at chosen steps,
+lesson 03) live in small methods off that path. A step counts as skipped when the
+optimizer did not apply it (seen by a hook on the optimizer, not guessed from the scale).
 
-A step counts as skipped when the optimizer did not apply it (seen by a hook on the
-optimizer, not guessed from the scale). Checkpoints (:meth:`Trainer.save`) carry a SHA-256
-digest of their contents; :meth:`Trainer.load` recomputes it and checks every value before
-it changes anything.
+Every argument is checked in :mod:`amp_lessons.arguments` before any work is done;
+checkpoints (:meth:`Trainer.save`, :meth:`Trainer.load`) are :mod:`amp_lessons.checkpoints`;
+the history is :mod:`amp_lessons.history`.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
+import functools
 import inspect
 import math
-import numbers
-import random
-import struct
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 
-from . import progress
+from . import checkpoints, progress
+from .arguments import (
+    check_bool,
+    check_clip,
+    check_data,
+    check_fit_steps,
+    check_lr,
+    check_model,
+    check_positive,
+    check_scaler_settings,
+    check_seed,
+    check_steps,
+)
+from .checkpoints import tensor_digest
 from .hardware import resolve
+from .history import History, StepRecord
 from .precision import dtype_of, float32_matmul_precision, needs_scaler, uses_autocast
 from .progress import progress_enabled
-from .seeding import check_seed, rng_state, seed_everything, set_rng_state
+from .seeding import seed_everything
 
-CHECKPOINT_FORMAT = "amp-lessons-checkpoint/2"  # /2: with a digest of its contents
-CLIP_ORDERS = ("unscale_first", "before_unscale")
-_CHECKPOINT_KEYS = ("precision", "signature", "step", "model", "optimizer", "scaler", "scheduler",
-                    "rng", "history", "digest")
+__all__ = ["GradientRecorder", "History", "NonFiniteLossError", "ScaleCollapseError", "StepRecord", "Trainer"]
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+DEFAULT_LR = 1e-3
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -58,96 +69,6 @@ class ScaleCollapseError(FloatingPointError):
     """GradScaler kept skipping until its scale fell below the floor: no scale can save the run."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into this trainer (corrupt, or from another run)."""
-
-
-@dataclass
-class StepRecord:
-    """What happened in one optimizer step (one row of :class:`History`)."""
-
-    step: int
-    loss: float
-    scale: float
-    skipped: bool
-    grad_norm: float
-    clip_seen_norm: float
-    applied_norm: float
-    zero_frac: float
-    lr: float
-    ms: float
-
-
-class History:
-    """The per-step records of a run: a column by name, a row by index, a text table."""
-
-    columns = tuple(f.name for f in fields(StepRecord))
-
-    def __init__(self, records=()):
-        self.records: list[StepRecord] = list(records)
-
-    def append(self, record: StepRecord) -> None:
-        self.records.append(record)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __iter__(self):
-        return iter(self.records)
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            if key not in self.columns:
-                raise KeyError(f"history has columns {', '.join(self.columns)}; got {key!r}")
-            return [getattr(r, key) for r in self.records]
-        return self.records[key]
-
-    @property
-    def skipped(self) -> int:
-        """How many steps the optimizer did not apply (GradScaler found inf/NaN gradients)."""
-        return sum(r.skipped for r in self.records)
-
-    def as_dicts(self) -> list[dict]:
-        return [asdict(r) for r in self.records]
-
-    def table(self, every: int = 1, columns=("step", "loss", "scale", "skipped", "grad_norm", "zero_frac")) -> str:
-        """Every ``every``-th row (and the last) as aligned text, numbers rounded for reading."""
-        _check_positive("every", every, integer=True)
-        unknown = [c for c in columns if c not in self.columns]
-        if unknown:
-            raise KeyError(f"history has columns {', '.join(self.columns)}; got {unknown}")
-        rows = [r for i, r in enumerate(self.records) if i % every == 0 or i == len(self.records) - 1]
-        cells = [[_fmt(getattr(r, c), c in MEASURED_COLUMNS) for c in columns] for r in rows]
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
-        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return f"History({len(self)} steps, {self.skipped} skipped)"
-
-
-# Columns whose values come out of float kernels: another CPU, thread count or torch release
-# prints other digits, so the table marks them with amp_lessons.claims.measured (``≈``).
-MEASURED_COLUMNS = frozenset({"loss", "grad_norm", "clip_seen_norm", "applied_norm", "zero_frac", "ms"})
-
-
-def _fmt(v, measured_value: bool = False) -> str:
-    if measured_value and isinstance(v, float) and math.isfinite(v):
-        return "≈" + _fmt(v)
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return str(v)
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e9:  # a loss scale: 65536, not 6.55e+04
-        return str(int(v))
-    if isinstance(v, float) and v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-        return f"{v:.3g}"
-    return f"{v:.4f}" if isinstance(v, float) else str(v)
-
-
 class GradientRecorder:
     """A callback that keeps the gradient values of chosen steps, for lesson 01's histogram.
 
@@ -156,8 +77,11 @@ class GradientRecorder:
     """
 
     def __init__(self, steps=(0,), module_types=(torch.nn.Linear,)):
-        self.steps = set(steps)
-        self.module_types = module_types
+        self.steps = set(check_steps("steps", steps))
+        types = module_types if isinstance(module_types, tuple) else (module_types,)
+        if not types or not all(isinstance(t, type) and issubclass(t, torch.nn.Module) for t in types):
+            raise TypeError(f"module_types must be module classes, e.g. (torch.nn.Linear,); got {module_types!r}")
+        self.module_types = types
         self._weights: list[torch.Tensor] = []
         self._activations: list[torch.Tensor] = []
         self._handles = []
@@ -208,65 +132,8 @@ class GradientRecorder:
         return torch.cat(self._activations) if self._activations else torch.empty(0)
 
 
-def _rng_for_checkpoint() -> dict:
-    """:func:`rng_state` with NumPy's key array as an int64 tensor: ``torch.load(weights_only=True)``
-    reads it, and no torch release has to know the uint32 dtype NumPy keeps it in."""
-    rng = rng_state()
-    np_state = rng["numpy"]
-    rng["numpy"] = (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])
-    return rng
 
-
-def _rng_from_checkpoint(rng) -> dict:
-    """The inverse of :func:`_rng_for_checkpoint`: NumPy's key array back as uint32."""
-    rng = dict(rng)
-    np_state = rng["numpy"]
-    rng["numpy"] = (np_state[0], np_state[1].cpu().numpy().astype(np.uint32), *np_state[2:])
-    return rng
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_positive(name, value, integer=False):
-    ok = (isinstance(value, numbers.Integral) if integer else _is_number(value)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive finite number"
-        raise ValueError(f"{name} must be {kind}; got {value!r}")
-
-
-# GradScaler keeps the scale in a float32 tensor: a scale must be a float32 number, and a factor
-# must move it by at least one float32 step. 1 - 2**-23 and 1 + 2**-23 always do, wherever the
-# scale lies (a factor nearer to 1 leaves it unchanged: 1 - 1e-9 rounds to 1).
-_F32 = torch.finfo(torch.float32)
-
-
-def _check_scale(name, value):
-    _check_positive(name, value)
-    if not _F32.tiny <= value <= _F32.max:
-        raise ValueError(f"{name} must lie between {_F32.tiny:.3g} and {_F32.max:.3g}, the normal "
-                         f"float32 numbers: GradScaler keeps the scale in float32; got {value!r}")
-
-
-def _check_scaler_settings(init_scale, growth_interval, growth_factor, backoff_factor, min_scale):
-    _check_scale("init_scale", init_scale)
-    _check_positive("growth_interval", growth_interval, integer=True)
-    _check_scale("min_scale", min_scale)
-    if init_scale < min_scale:
-        raise ValueError(f"init_scale ({init_scale!r}) must be at least min_scale ({min_scale!r}), the floor "
-                         "below which the Trainer stops the run")
-    _check_factors(growth_factor, backoff_factor)
-
-
-def _check_factors(growth_factor, backoff_factor):
-    if not _is_number(growth_factor) or not 1.0 + _F32.eps <= growth_factor <= _F32.max:
-        raise ValueError(f"growth_factor must be a finite number >= 1 + 2**-23 (the scale grows by it, "
-                         f"in float32, where a factor nearer to 1 changes nothing); got {growth_factor!r}")
-    if not _is_number(backoff_factor) or not 0.0 < backoff_factor <= 1.0 - _F32.eps:
-        raise ValueError(f"backoff_factor must be between 0 and 1 - 2**-23 (the scale shrinks by it on a "
-                         f"skipped step, in float32, where a factor nearer to 1 changes nothing); "
-                         f"got {backoff_factor!r}")
+# -- the statistics a step records (off the recipe's path) ------------------------------------
 
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -310,7 +177,66 @@ def _count_zeros(grads) -> torch.Tensor:
     return total - nonzero
 
 
+
+# -- building the optimizer and the scheduler, checked -----------------------------------------
+
+
 _SCHEDULER_EXAMPLE = "lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)"
+_OPTIMIZER_EXAMPLE = "optimizer=lambda params: torch.optim.SGD(params, lr=0.1)"
+
+
+def _is_optimizer_class(optimizer) -> bool:
+    return inspect.isclass(optimizer) and issubclass(optimizer, torch.optim.Optimizer)
+
+
+def make_optimizer(optimizer, model, lr):
+    """The optimizer of a run on ``model`` (03-05): a name (``"sgd"``, ``"adam"``, ``"adamw"``)
+    or an optimizer class, built with ``lr`` (1e-3 when None); a function of the parameters
+    or an optimizer built on ``model``, whose own lr holds (``lr`` may repeat it, not
+    contradict it). An optimizer over other parameters is refused: it would train nothing."""
+    if isinstance(optimizer, str) and optimizer.strip().lower() in OPTIMIZERS:
+        optimizer = OPTIMIZERS[optimizer.strip().lower()]
+    if _is_optimizer_class(optimizer):
+        built = optimizer(model.parameters(), lr=DEFAULT_LR if lr is None else lr)
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        built = optimizer
+    elif callable(optimizer):
+        built = optimizer(model.parameters())
+        if not isinstance(built, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(params) must return a torch.optim.Optimizer, e.g. {_OPTIMIZER_EXAMPLE}; "
+                            f"got {type(built).__name__}")
+    else:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, an optimizer class such as "
+                         f"torch.optim.SGD, or a function of the parameters, e.g. {_OPTIMIZER_EXAMPLE}; "
+                         f"got {optimizer!r}")
+    _check_optimizer_fits(built, model, lr)
+    return built
+
+
+def _check_optimizer_fits(built, model, lr) -> None:
+    """``built`` steps ``model``'s parameters, at the lr asked for, with a plain ``step()``."""
+    mine = {id(p) for p in model.parameters()}
+    held = [p for g in built.param_groups for p in g["params"]]
+    foreign = sum(id(p) not in mine for p in held)
+    if foreign:
+        raise ValueError(f"the optimizer holds {foreign} of its {len(held)} parameters from outside this model, "
+                         "so its steps would not train the model: build it on the model's parameters, e.g. "
+                         f"{_OPTIMIZER_EXAMPLE} (the Trainer passes them)")
+    lrs = sorted({float(_number(g["lr"])) for g in built.param_groups})
+    if lr is not None and lrs != [float(lr)]:
+        raise ValueError(f"the optimizer was built with lr {', '.join(f'{v:g}' for v in lrs)}, and lr={lr!r} was "
+                         "passed too: give the learning rate once, either inside the optimizer (and no lr=) "
+                         "or as lr= with optimizer='sgd', 'adam', 'adamw' or a class such as torch.optim.SGD")
+    needs = _required_arguments(built.step)
+    if needs:
+        raise TypeError(f"{type(built).__name__}.step() needs {', '.join(needs)}, and the Trainer calls "
+                        "optimizer.step() with no argument (through scaler.step): use an optimizer such as "
+                        "torch.optim.SGD, Adam or AdamW")
+
+
+def _number(value):
+    """A one-element tensor as a Python number (an optimizer may keep its lr as a tensor)."""
+    return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
 
 
 def _required_arguments(method) -> list[str]:
@@ -323,16 +249,58 @@ def _required_arguments(method) -> list[str]:
             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def _check_steps(name, steps) -> frozenset:
-    """A collection of optimizer-step numbers (integers >= 0) as a set."""
-    try:
-        values = list(steps)
-    except TypeError:
-        raise TypeError(f"{name} must be a collection of step numbers, e.g. (3, 7); got {steps!r}") from None
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0]
-    if bad:
-        raise ValueError(f"{name} must hold step numbers (integers >= 0), e.g. (3, 7); got {bad[0]!r}")
-    return frozenset(int(v) for v in values)
+
+# -- the settings a checkpoint records: what decides a run's next steps ----------------------
+
+
+def _plain(value):
+    """``value`` as numbers, strings, lists and dicts (a checkpoint's settings, compared on load)."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return type(value).__name__  # a function (LambdaLR's): only its kind can be compared
+
+
+def callable_name(f) -> str:
+    """``module.qualname`` of a function (``torch.nn.functional.cross_entropy``), with a
+    partial's arguments: how a checkpoint names a run's loss function."""
+    if isinstance(f, functools.partial):
+        args = [repr(a) for a in f.args] + [f"{k}={v!r}" for k, v in f.keywords.items()]
+        return f"{callable_name(f.func)}({', '.join(args)})"
+    module = getattr(f, "__module__", None) or type(f).__module__
+    return f"{module}.{getattr(f, '__qualname__', type(f).__qualname__)}"
+
+
+def optimizer_settings(optimizer) -> dict:
+    """The optimizer's kind and hyper-parameters, per param group (as built, before any schedule)."""
+    groups = [{"parameters": len(g["params"]), **{k: _plain(v) for k, v in g.items() if k != "params"}}
+              for g in optimizer.param_groups]
+    return {"type": type(optimizer).__name__, "groups": groups}
+
+
+def scheduler_settings(scheduler) -> dict:
+    """The lr scheduler's kind and its state as built (its step size, gamma, ...)."""
+    if scheduler is None:
+        return {"type": None}
+    return {"type": type(scheduler).__name__, "as_built": _plain(scheduler.state_dict())}
+
+
+def data_settings(data) -> dict:
+    """Which training data: its name, size and a digest of its examples and labels."""
+    return {"name": str(getattr(data, "name", type(data).__name__)), "examples": len(data.x_train),
+            "digest": tensor_digest(data.x_train, data.y_train)}
+
+
+# -- one step's numbers, and whether the optimizer applied it ----------------------------------
 
 
 class _StepWatch:
@@ -366,11 +334,62 @@ def _as_floats(*values) -> list[float]:
     return [math.nan if v is None else next(got) for v in values]
 
 
+
+@dataclass
+class _Probe:
+    """What one step records besides its loss, gathered in the methods around the recipe."""
+
+    start: float
+    scale: float
+    params: list = field(default_factory=list)
+    lr: float = math.nan
+    zeros: torch.Tensor | None = None
+    norm: torch.Tensor | None = None     # the true gradient norm (before the clip)
+    applied: torch.Tensor | None = None  # the norm of the gradient the optimizer applies
+    seen: float = math.nan               # the norm the clip compared with clip_norm
+    clipped_scaled: bool = False         # clipped before unscale_ (lesson 04's trap)
+
+    def grads(self) -> list:
+        return [p.grad for p in self.params]
+
+
+def _integer_inputs_message(model, x, said) -> str:
+    """Why a model of floating-point weights refused integer inputs, and the fix (01-05)."""
+    weights = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                      if p.is_floating_point()}) or ["floating point"]
+    return (f"the model got inputs of dtype {str(x.dtype).removeprefix('torch.')}, but its weights are "
+            f"{' and '.join(weights)}: it computes in floating point and expects floating-point "
+            f"inputs (torch said: {said}). Convert the inputs when you build the data, e.g. "
+            "Dataset(x_train.float(), y_train, x_test.float(), y_test); autocast casts floating-point "
+            "inputs only.")
+
+
+_CALLBACK_METHODS = ("attach", "before_step", "after_backward")
+
+
+def _check_callbacks(callbacks) -> list:
+    """A list of objects with ``before_step(trainer)`` and/or ``after_backward(trainer)`` (01)."""
+    try:
+        found = list(callbacks)
+    except TypeError:
+        raise TypeError(f"callbacks must be a list of callback objects, e.g. callbacks=[GradientRecorder()]; "
+                        f"got {callbacks!r}") from None
+    for cb in found:
+        if not any(callable(getattr(cb, name, None)) for name in _CALLBACK_METHODS):
+            raise TypeError(f"each callback needs a method before_step(trainer) or after_backward(trainer) (and "
+                            f"may have attach(trainer)), like GradientRecorder; got {cb!r}")
+    return found
+
+
 class Trainer:
     """Train ``model`` on ``data`` in one precision, one optimizer step at a time.
 
     Used in 01 (gradients to histogram), 03 (GradScaler), 04 (clipping, accumulation)
     and 05 (precisions side by side). See the module docstring for the step itself.
+
+    ``optimizer``: ``"sgd"``, ``"adam"``, ``"adamw"`` or an optimizer class, built with
+    ``lr`` (1e-3 when not given), or a function of the parameters (or an optimizer built
+    on ``model``) that sets its own lr.
 
     ``grad_stats``: with ``True`` (the default) every step records two exact statistics
     of the gradients: ``zero_frac``, the share of gradient values that are exactly zero
@@ -382,79 +401,80 @@ class Trainer:
     clip computes the norm anyway.
     """
 
-    def __init__(self, model, data, precision="fp32", device=None, optimizer="adamw", lr=1e-3,
+    def __init__(self, model, data, precision="fp32", device=None, optimizer="adamw", lr=None,
                  batch_size=64, accum_steps=1, clip_norm=None, clip_order="unscale_first",
                  scaler=None, init_scale=2.0**16, growth_interval=2000, growth_factor=2.0,
                  backoff_factor=0.5, min_scale=2.0**-14, scheduler=None,
                  step_scheduler_on_skip=False, inject_nonfinite=(), loss_fn=F.cross_entropy,
                  seed=0, progress=None, callbacks=(), teaching=False, grad_stats=True):
         self.precision, self.device = resolve(precision, device)
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-        _check_positive("lr", lr)
-        _check_positive("batch_size", batch_size, integer=True)
-        _check_positive("accum_steps", accum_steps, integer=True)
-        if clip_norm is not None:
-            _check_positive("clip_norm", clip_norm)
-        if clip_order not in CLIP_ORDERS:
-            raise ValueError(f"clip_order must be one of {', '.join(CLIP_ORDERS)}; got {clip_order!r}")
-        _check_scaler_settings(init_scale, growth_interval, growth_factor, backoff_factor, min_scale)
+        check_model(model)
+        if lr is not None:
+            check_lr(lr)
+        check_positive("batch_size", batch_size, integer=True)
+        check_positive("accum_steps", accum_steps, integer=True)
+        check_data(data, batch_size, accum_steps, loss_is_default=loss_fn is F.cross_entropy)
+        check_clip(clip_norm, clip_order)
+        check_scaler_settings(init_scale, growth_interval, growth_factor, backoff_factor, min_scale)
+        self._check_functions(loss_fn, scheduler)
+        self.grad_stats = check_bool("grad_stats", grad_stats, "record zero_frac and grad_norm every step")
+        self.step_scheduler_on_skip = check_bool("step_scheduler_on_skip", step_scheduler_on_skip,
+                                                 "step the lr scheduler on skipped steps too, lesson 03's mistake")
+        teaching = check_bool("teaching", teaching, "allow the lessons' wrong settings without a warning")
+        if progress is not None:
+            check_bool("progress", progress, "show a progress bar")
+        self.seed = check_seed(seed)
+        self.inject_nonfinite = check_steps("inject_nonfinite", inject_nonfinite)
+        self.callbacks = _check_callbacks(callbacks)
+        use_scaler = needs_scaler(self.precision) if scaler is None else check_bool(
+            "scaler", scaler, "use a GradScaler; None: only for fp16")
+        self._warn_teaching(use_scaler, clip_order, teaching)
+        self.model = model.to(self.device)
+        self.data = data
+        self.batch_size, self.accum_steps = int(batch_size), int(accum_steps)
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.clip_order = clip_order
+        self.dtype = dtype_of(self.precision)
+        self.use_amp = uses_autocast(self.precision)
+        self.optimizer = make_optimizer(optimizer, self.model, None if lr is None else float(lr))
+        self.lr = float(_number(self.optimizer.param_groups[0]["lr"]))
+        self._optimizer_settings = optimizer_settings(self.optimizer)
+        self._applied = _StepWatch(self.optimizer)
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, init_scale=float(init_scale), growth_factor=float(growth_factor),
+            backoff_factor=float(backoff_factor), growth_interval=int(growth_interval), enabled=use_scaler)
+        self.min_scale = float(min_scale)
+        self.scheduler = self._make_scheduler(scheduler)
+        self._scheduler_settings = scheduler_settings(self.scheduler)
+        self.loss_fn = loss_fn
+        self.progress = progress_enabled(progress)
+        self.step_count = 0
+        self.history = History()
+        self._labels_checked = False
+        seed_everything(self.seed)
+        for cb in self.callbacks:
+            getattr(cb, "attach", lambda t: None)(self)
+
+    @staticmethod
+    def _check_functions(loss_fn, scheduler) -> None:
         if not callable(loss_fn):
             raise TypeError("loss_fn must be a function of (logits, labels) that returns the loss, "
                             f"e.g. torch.nn.functional.cross_entropy (the default); got {loss_fn!r}")
         if scheduler is not None and not callable(scheduler):
             raise TypeError(f"scheduler must be a function that takes the optimizer and returns an lr "
                             f"scheduler, e.g. scheduler={_SCHEDULER_EXAMPLE}; got {scheduler!r}")
-        if not isinstance(grad_stats, bool):
-            raise TypeError(f"grad_stats must be True (record zero_frac and grad_norm every step) or "
-                            f"False (skip them, for speed); got {grad_stats!r}")
-        self.seed = check_seed(seed)
-        self.inject_nonfinite = _check_steps("inject_nonfinite", inject_nonfinite)
-        use_scaler = needs_scaler(self.precision) if scaler is None else bool(scaler)
+
+
+    def _warn_teaching(self, use_scaler, clip_order, teaching) -> None:
+        """The lessons' wrong settings warn unless ``teaching=True`` (03, 04)."""
         if needs_scaler(self.precision) and not use_scaler and not teaching:
             warnings.warn("fp16 without a GradScaler: small gradients flush to zero and training "
                           "stalls (lesson 03). Pass teaching=True if that is what you want to show.",
-                          UserWarning, stacklevel=2)
+                          UserWarning, stacklevel=3)
         if clip_order == "before_unscale" and not teaching:
             warnings.warn("clip_order='before_unscale' clips still-scaled gradients: the effective "
                           "threshold becomes clip_norm/scale (lesson 04). Pass teaching=True to show it.",
-                          UserWarning, stacklevel=2)
-        self.model = model.to(self.device)
-        self.data = data
-        self.lr, self.batch_size, self.accum_steps = lr, batch_size, accum_steps
-        self.clip_norm, self.clip_order = clip_norm, clip_order
-        self.dtype = dtype_of(self.precision)
-        self.use_amp = uses_autocast(self.precision)
-        self.optimizer = self._make_optimizer(optimizer, lr)
-        self._applied = _StepWatch(self.optimizer)
-        self.scaler = torch.amp.GradScaler(
-            self.device.type, init_scale=init_scale, growth_factor=growth_factor,
-            backoff_factor=backoff_factor, growth_interval=growth_interval, enabled=use_scaler)
-        self.min_scale = min_scale
-        self.scheduler = self._make_scheduler(scheduler)
-        self.step_scheduler_on_skip = step_scheduler_on_skip
-        self.loss_fn = loss_fn
-        self.grad_stats = grad_stats
-        self.progress = progress_enabled(progress)
-        self.callbacks = list(callbacks)
-        self.step_count = 0
-        self.history = History()
-        seed_everything(self.seed)
-        for cb in self.callbacks:
-            getattr(cb, "attach", lambda t: None)(self)
-
-    def _make_optimizer(self, optimizer, lr):
-        params = self.model.parameters()
-        makers = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-        if callable(optimizer):
-            built = optimizer(params)
-            if not isinstance(built, torch.optim.Optimizer):
-                raise TypeError(f"optimizer(params) must return a torch.optim.Optimizer, e.g. optimizer="
-                                f"lambda params: torch.optim.SGD(params, lr=0.1); got {type(built).__name__}")
-            return built
-        if optimizer not in makers:
-            raise ValueError(f"optimizer must be one of {', '.join(makers)} or a callable; got {optimizer!r}")
-        return makers[optimizer](params, lr=lr)
+                          UserWarning, stacklevel=3)
 
     def _make_scheduler(self, scheduler):
         """``scheduler(self.optimizer)``, checked: the Trainer calls its ``step()`` with no argument."""
@@ -484,102 +504,143 @@ class Trainer:
         """The loss scale now (1.0 when the scaler is off)."""
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
 
-    # -- one optimizer step ------------------------------------------------------------
+    # -- one optimizer step: the recipe ------------------------------------------------------
+
+    def step(self) -> StepRecord:
+        """One optimizer step (``accum_steps`` micro-batches); returns its record. Used in 01, 03-05.
+
+        The recipe, top to bottom. What the lessons measure on the way and lesson 04's wrong
+        clip order happen in the methods named here, not between its lines."""
+        probe = self._begin_step()                  # callbacks; the scale this step uses
+        loss = self._forward_backward()             # autocast forward, scaler.scale(loss).backward()
+        self._after_backward(probe)                 # callbacks; the zeros that backward left
+        self._clip_before_unscale(probe)            # lesson 04's trap, only with clip_order="before_unscale"
+        self.scaler.unscale_(self.optimizer)        # the true gradients, once per step
+        self._clip(probe)                           # clip_grad_norm_(params, clip_norm), when clip_norm is set
+        self.scaler.step(self.optimizer)            # skipped when the gradients hold inf/NaN
+        self.scaler.update()                        # halve on a skip, grow after growth_interval clean steps
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._end_step(loss, probe)          # the record, the scheduler, the scale's floor
 
     def _forward_backward(self) -> torch.Tensor:
-        """Forward + loss under autocast and a scaled backward, for every micro-batch."""
+        """Forward + loss under autocast and a scaled backward, for every micro-batch; returns
+        the step's loss (the sum of the divided micro-batch losses: their mean)."""
         total = None
         for micro in range(self.accum_steps):
-            x, y = self.data.batch(self.step_count * self.accum_steps + micro, self.batch_size, self.seed)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            x, y = self._micro_batch(micro)
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.use_amp):
-                loss = self.loss_fn(self._model_output(x), y)
+                loss = self._loss(self._model_output(x), y)
                 if self.accum_steps > 1:  # (dividing by 1 would change nothing but cost an op)
                     loss = loss / self.accum_steps
-            if self.step_count in self.inject_nonfinite:
-                loss = loss * float("inf")
             self.scaler.scale(loss).backward()
             part = loss.detach().float()
             total = part if total is None else total + part
-        # Checked once, after the last backward and before any update (one sync per step).
+        self._stop_if_not_finite(total)
+        return total
+
+    def _micro_batch(self, micro: int):
+        """The batch of micro-batch ``micro`` of this step, on the device: every step draws new
+        ones, in the order the seed fixes (a resumed run draws the same)."""
+        x, y = self.data.batch(self.step_count * self.accum_steps + micro, self.batch_size, self.seed)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _loss(self, output, y) -> torch.Tensor:
+        """``loss_fn(output, y)``, checked to be one number; inf at the steps in
+        ``inject_nonfinite`` (lesson 03's overflow, on purpose)."""
+        if not self._labels_checked:
+            self._check_labels(output)
+        loss = self.loss_fn(output, y)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(
+                loss, torch.Tensor) else type(loss).__name__
+            raise TypeError(f"loss_fn must return the loss as one floating-point number (a 0-dim tensor, "
+                            f"e.g. cross_entropy with reduction='mean'); got {got}. No step was taken.")
+        if self.step_count in self.inject_nonfinite:
+            loss = loss * float("inf")
+        return loss
+
+    def _stop_if_not_finite(self, total) -> None:
+        """Without a scaler no step can be skipped: an inf/NaN loss stops the run before the update.
+        Checked once, after the last backward (one sync per step)."""
         if not self.scaler.is_enabled() and not torch.isfinite(total):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
                 f"the loss is {total.item()} at step {self.step_count} ({self.precision}, no "
                 "GradScaler); no parameters were changed by this step. Lower the learning rate, "
                 "check the data for inf/NaN, or clip gradients; in fp16 use a GradScaler.")
-        return total
 
-    def step(self) -> StepRecord:
-        """One optimizer step (``accum_steps`` micro-batches); returns its record."""
+    # -- around the recipe: the callbacks and the statistics ---------------------------------
+
+    def _begin_step(self) -> _Probe:
         start = time.perf_counter()
         for cb in self.callbacks:
             getattr(cb, "before_step", lambda t: None)(self)
-        scale = self.current_scale()
-        loss = self._forward_backward()
+        self._applied.reset()
+        return _Probe(start=start, scale=self.current_scale())
+
+    def _after_backward(self, probe: _Probe) -> None:
+        """Callbacks see the gradients as backward left them; so does the zero count
+        (unscaling by a power of two makes no value 0 that float32 can hold)."""
         for cb in self.callbacks:
             getattr(cb, "after_backward", lambda t: None)(self)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
-        # Counted as backward left them (unscaling by a power of two makes no value 0 that
-        # float32 can hold), before a clip can change them.
-        zeros = _count_zeros(grads) if self.grad_stats else None
-        seen = math.nan
-        norm = applied = None  # stay None (NaN in the record) when not computed
+        probe.params = [p for p in self.model.parameters() if p.grad is not None]
+        probe.zeros = _count_zeros(probe.grads()) if self.grad_stats else None
+        probe.lr = float(self.optimizer.param_groups[0]["lr"])
+
+    def _clip_before_unscale(self, probe: _Probe) -> None:
+        """Lesson 04's trap (``teaching=True``): the clip sees norm * scale, so it clips by
+        clip_norm / scale. Does nothing in the recipe's order."""
         if self.clip_norm is not None and self.clip_order == "before_unscale":
-            # The trap (lesson 04): the clip sees norm * scale, so it clips by clip_norm / scale.
-            seen = float(torch.nn.utils.clip_grad_norm_(params, self.clip_norm))  # amp-lint: ignore[clip-before-unscale]
-            self.scaler.unscale_(self.optimizer)
-            norm = loss.new_tensor(seen / scale)
-            if self.grad_stats:
-                applied = _global_norm(grads)
-        else:
-            self.scaler.unscale_(self.optimizer)
-            if self.clip_norm is not None:  # the clip computes the norm anyway: the one it clipped by
-                norm = torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
-                seen = float(norm)
-                applied = norm * min(1.0, self.clip_norm / (seen + 1e-6))
-            elif self.grad_stats:
-                norm = applied = _global_norm(grads)
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        self._applied.reset()
-        self.scaler.step(self.optimizer)  # calls optimizer.step() only on finite gradients
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+            probe.seen = float(torch.nn.utils.clip_grad_norm_(probe.params, self.clip_norm))  # amp-lint: ignore[clip-before-unscale]
+            probe.clipped_scaled = True
+
+    def _clip(self, probe: _Probe) -> None:
+        """After ``unscale_``: clip the true gradients (when ``clip_norm`` is set) and keep the
+        norms the history records: the true one, the one the clip saw, the one applied (04)."""
+        if probe.clipped_scaled:  # the norm it saw, divided by the scale: the true norm
+            probe.norm = torch.tensor(probe.seen / probe.scale, dtype=torch.float32)
+            probe.applied = _global_norm(probe.grads()) if self.grad_stats else None
+        elif self.clip_norm is not None:  # the clip computes the norm anyway: the one it clipped by
+            probe.norm = torch.nn.utils.clip_grad_norm_(probe.params, self.clip_norm)
+            probe.seen = float(probe.norm)
+            probe.applied = probe.norm * min(1.0, self.clip_norm / (probe.seen + 1e-6))
+        elif self.grad_stats:
+            probe.norm = probe.applied = _global_norm(probe.grads())
+
+    def _end_step(self, loss, probe: _Probe) -> StepRecord:
+        """The step's record, from one transfer of its numbers (one sync on a GPU); the lr
+        scheduler follows the steps the optimizer applied; the scale's floor (03)."""
         found_inf = self._applied.found_inf
-        # One transfer for the numbers (one sync on a GPU, also ending the step's work).
-        loss_v, norm_v, applied_v, zeros_v, found_v = _as_floats(loss, norm, applied, zeros, found_inf)
+        loss_v, norm_v, applied_v, zeros_v, found_v = _as_floats(loss, probe.norm, probe.applied,
+                                                                 probe.zeros, found_inf)
         # From the optimizer, not from the scale: a factor may leave the scale where it was.
         skipped = not self._applied.called or (found_inf is not None and found_v != 0)
         if self.scheduler is not None and (not skipped or self.step_scheduler_on_skip):
             self.scheduler.step()
         record = StepRecord(
-            step=self.step_count, loss=loss_v, scale=scale, skipped=bool(skipped),
-            grad_norm=norm_v, clip_seen_norm=seen, applied_norm=applied_v,
-            zero_frac=zeros_v / max(1, sum(p.numel() for p in params)), lr=lr,
-            ms=(time.perf_counter() - start) * 1e3)
+            step=self.step_count, loss=loss_v, scale=probe.scale, skipped=bool(skipped),
+            grad_norm=norm_v, clip_seen_norm=probe.seen, applied_norm=applied_v,
+            zero_frac=zeros_v / max(1, sum(p.numel() for p in probe.params)), lr=probe.lr,
+            ms=(time.perf_counter() - probe.start) * 1e3)
         self.history.append(record)
         self.step_count += 1
+        self._stop_if_collapsed(record)
+        return record
+
+    def _stop_if_collapsed(self, record) -> None:
         if self.scaler.is_enabled() and self.current_scale() < self.min_scale:
             raise ScaleCollapseError(
                 f"the loss scale fell to {self.current_scale():.3g} (below the floor {self.min_scale:.3g}) "
-                f"at step {record.step} after {self._trailing_skips()} skipped steps in a row: the "
+                f"at step {record.step} after {self.history.trailing_skips()} skipped steps in a row: the "
                 "loss or gradients stay inf/NaN at any scale, so no scaler can save this run. The "
                 "parameters are unchanged by the skipped steps. Check the data for inf/NaN and "
                 "lower the learning rate.")
-        return record
 
-    def _trailing_skips(self) -> int:
-        n = 0
-        for r in reversed(self.history.records):
-            if not r.skipped:
-                break
-            n += 1
-        return n
+    # -- runs, evaluation, checkpoints -------------------------------------------------------
 
     def fit(self, steps: int) -> History:
         """Run ``steps`` more optimizer steps; returns the (cumulative) history."""
-        _check_positive("steps", steps, integer=True)
+        steps = check_fit_steps(steps, self.step_count)
         bar = progress.bar(steps, f"{self.precision} on {self.device.type}", self.progress)
         try:
             with float32_matmul_precision(self.precision):
@@ -595,20 +656,34 @@ class Trainer:
         return self.history
 
     def _model_output(self, x):
-        """``self.model(x)``; integer inputs that the model cannot take get an error that says why."""
+        """``self.model(x)``; inputs that the model cannot take get an error that says why."""
         try:
             return self.model(x)
         except RuntimeError as err:
-            if x.is_floating_point() or x.is_complex():
-                raise
-            weights = sorted({str(p.dtype).removeprefix("torch.") for p in self.model.parameters()
-                              if p.is_floating_point()}) or ["floating point"]
-            raise TypeError(
-                f"the model got inputs of dtype {str(x.dtype).removeprefix('torch.')}, but its weights are "
-                f"{' and '.join(weights)}: it computes in floating point and expects floating-point "
-                f"inputs (torch said: {str(err).splitlines()[0]}). Convert the inputs when you build "
-                "the data, e.g. Dataset(x_train.float(), y_train, x_test.float(), y_test); autocast "
-                "casts floating-point inputs only.") from err
+            said = str(err).splitlines()[0] if str(err) else type(err).__name__
+            if not (x.is_floating_point() or x.is_complex()):
+                raise TypeError(_integer_inputs_message(self.model, x, said)) from err
+            if "shape" in said or "size" in said:
+                raise ValueError(
+                    f"the model cannot take this data's inputs of shape {list(x.shape)} (torch said: {said}). "
+                    f"Each example has shape {list(x.shape[1:])}: build the model for it (e.g. "
+                    f"mlp({x[0].numel()}, ...) for flat examples), or the data for the model.") from err
+            raise
+
+    def _check_labels(self, output) -> None:
+        """Once, at the first forward: class numbers that cross_entropy can take for this
+        model's number of outputs (-100, its ignore_index, included)."""
+        self._labels_checked = True
+        y = self.data.y_train
+        if self.loss_fn is not F.cross_entropy or y.is_floating_point() or output.dim() < 2:
+            return
+        classes = output.shape[1]
+        bad = (y >= classes) | ((y < 0) & (y != -100))
+        if bool(bad.any()):
+            first = int(y[bad][0])
+            raise ValueError(f"data.y_train holds the class number {first}, but the model gives {classes} scores per "
+                             f"example: cross_entropy takes class numbers from 0 to {classes - 1}. Build the model "
+                             f"with {int(y.max()) + 1} outputs, or number the classes from 0. No step was taken.")
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -629,362 +704,35 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def _signature(self) -> dict:
-        return {k: list(v.shape) for k, v in self.model.state_dict().items()}
-
-    def _checkpoint(self) -> dict:
-        """What :meth:`save` writes, but the digest (references to the live tensors, not copies)."""
+    def run_settings(self) -> dict:
+        """Everything but the state that decides this run's next steps: a checkpoint records it,
+        and :meth:`load` refuses a checkpoint whose settings differ, naming each (03)."""
         return {
-            "format": CHECKPOINT_FORMAT,
-            "precision": self.precision,
-            "optimizer_type": type(self.optimizer).__name__,
-            "signature": self._signature(),
-            "step": self.step_count,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": _rng_for_checkpoint(),
-            "history": self.history.as_dicts(),
+            "precision": self.precision, "seed": self.seed, "batch_size": self.batch_size,
+            "accum_steps": self.accum_steps, "clip_norm": self.clip_norm, "clip_order": self.clip_order,
+            "loss_fn": callable_name(self.loss_fn), "inject_nonfinite": sorted(self.inject_nonfinite),
+            "step_scheduler_on_skip": self.step_scheduler_on_skip, "min_scale": self.min_scale,
+            "scaler": {"enabled": self.scaler.is_enabled(), **self._scaler_factors()},
+            "optimizer": self._optimizer_settings, "scheduler": self._scheduler_settings,
+            "data": data_settings(self.data),
         }
 
-    def save(self, path) -> Path:
-        """Save model, optimizer, scaler, scheduler, step, RNG state and history, with a SHA-256
-        digest of all of it, which :meth:`load` recomputes: a file whose bytes changed is refused.
+    def _scaler_factors(self) -> dict:
+        if not self.scaler.is_enabled():
+            return {}
+        return {"growth_factor": float(self.scaler.get_growth_factor()),
+                "backoff_factor": float(self.scaler.get_backoff_factor()),
+                "growth_interval": int(self.scaler.get_growth_interval())}
 
-        A state that could not be resumed (inf/NaN weights or optimizer state: a run that
-        diverged) raises :class:`CheckpointError` and writes nothing.
-        """
-        state = self._checkpoint()
-        try:
-            self._check_values(state)
-        except CheckpointError as err:
-            raise CheckpointError(f"refusing to save: {err}. Nothing was written.") from None
-        state["digest"] = checkpoint_digest(state)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)  # never leave a half-written checkpoint under the real name
-        return path
+    def save(self, path) -> Path:
+        """Save model, optimizer, scaler, scheduler, step, RNG state, history and the run's
+        settings, with a SHA-256 digest of all of it (:func:`amp_lessons.checkpoints.save`).
+        A state that could not be resumed, or a path that is a directory, writes nothing."""
+        return checkpoints.save(self, path)
 
     def load(self, path) -> Trainer:
-        """Restore a checkpoint saved by :meth:`save` from a run of this same model.
-
-        Everything is checked before anything is changed: the digest (a damaged file), the
-        model, optimizer, precision and scaler (a checkpoint of another run) and every value
-        (finite tensors, lr, step, loss scale). Any failure raises :class:`CheckpointError`,
-        which says what is wrong, and leaves this trainer exactly as it was.
-        """
-        try:  # on the CPU: load_state_dict moves each tensor to where its parameter lives
-            with warnings.catch_warnings():
-                # A damaged file can make torch warn (about a pickle protocol, say) and still
-                # load: the digest and the checks below decide whether it is used, not a warning.
-                warnings.simplefilter("ignore")
-                state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated file, not a checkpoint at all, unsafe pickles
-            raise CheckpointError(f"{path} is not a readable amp-lessons checkpoint ({type(err).__name__}: "
-                                  f"{_first_line(err)})") from err
-        self._validate(state, path)
-        before = self._snapshot()
-        try:
-            self._restore(state)
-        except Exception as err:  # e.g. optimizer state of another shape: put everything back
-            self._restore(before)
-            raise CheckpointError(f"{path} could not be loaded into this trainer ({type(err).__name__}: "
-                                  f"{_first_line(err)}); nothing was changed.") from err
-        return self
-
-    def _snapshot(self) -> dict:
-        """This trainer's state as :meth:`_restore` takes it (copies, not references)."""
-        return copy.deepcopy({
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": _rng_for_checkpoint(), "step": self.step_count, "history": self.history.as_dicts(),
-        })
-
-    def _restore(self, state) -> None:
-        history = History(StepRecord(**r) for r in state["history"])
-        step = int(state["step"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(_rng_from_checkpoint(state["rng"]))
-        self.step_count, self.history = step, history
-
-    def _validate(self, state, path) -> None:
-        """Raise :class:`CheckpointError` unless ``state`` is an intact checkpoint of this run."""
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            found = state.get("format") if isinstance(state, dict) else None
-            if isinstance(found, str) and found.startswith("amp-lessons-checkpoint/"):
-                raise CheckpointError(f"{path} is an amp-lessons checkpoint of another format ({found!r}; "
-                                      f"this version reads {CHECKPOINT_FORMAT!r}, which carries a digest "
-                                      "of its contents). Train again and save it with this version.")
-            raise CheckpointError(f"{path} is not an amp-lessons checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
-        missing_keys = [k for k in _CHECKPOINT_KEYS if k not in state]
-        if missing_keys:
-            raise CheckpointError(f"{path} is an incomplete amp-lessons checkpoint: no {missing_keys}")
-        try:
-            intact = state["digest"] == checkpoint_digest(state)
-        except TypeError:  # a value of a type save() never writes
-            intact = False
-        if not intact:
-            raise CheckpointError(f"{path} is corrupt: its contents do not match the SHA-256 digest saved "
-                                  "with them (the file was changed or damaged after it was written). "
-                                  "Load an intact copy; nothing was changed.")
-        try:
-            self._check_compatible(state, path)
-            self._check_values(state)
-        except CheckpointError as err:
-            if str(err).startswith(str(path)):  # about this trainer: the message says what to do
-                raise
-            raise CheckpointError(f"{path} cannot be resumed: {err}. Nothing was changed.") from None
-        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
-            raise CheckpointError(f"{path} holds a malformed checkpoint ({type(err).__name__}: "
-                                  f"{_first_line(err)}); nothing was changed.") from err
-
-    def _check_compatible(self, state, path) -> None:
-        """Is ``state`` from a run like this one (model, precision, optimizer, scaler, scheduler)?"""
-        mine, theirs = self._signature(), state["signature"]
-        if mine != theirs:
-            missing = sorted(set(mine) - set(theirs))[:3]
-            extra = sorted(set(theirs) - set(mine))[:3]
-            shapes = [k for k in set(mine) & set(theirs) if mine[k] != theirs[k]][:3]
-            raise CheckpointError(
-                f"{path} holds another model: missing {missing}, unexpected {extra}, "
-                f"different shapes {shapes}. Load it into the model it was saved from.")
-        if state["precision"] != self.precision:
-            raise CheckpointError(f"{path} was saved by a {state['precision']} run; this trainer "
-                                  f"runs {self.precision}. Create the Trainer with precision="
-                                  f"{state['precision']!r} to resume it.")
-        if (state["scheduler"] is None) != (self.scheduler is None):
-            raise CheckpointError(f"{path} was saved {'without' if state['scheduler'] is None else 'with'} "
-                                  "an lr scheduler; create the Trainer the same way to resume it.")
-        groups = self.optimizer.state_dict()["param_groups"]
-        theirs_groups = state["optimizer"]["param_groups"]
-        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in theirs_groups]:
-            raise CheckpointError(f"{path} holds the state of a different optimizer setup.")
-        kind = state.get("optimizer_type", type(self.optimizer).__name__)
-        if kind != type(self.optimizer).__name__:
-            raise CheckpointError(f"{path} holds the state of a {kind} optimizer; this trainer uses "
-                                  f"{type(self.optimizer).__name__}. Create the Trainer with the same optimizer.")
-        if bool(state["scaler"]) != self.scaler.is_enabled():
-            saved = "with" if state["scaler"] else "without"
-            raise CheckpointError(f"{path} was saved {saved} a GradScaler and this trainer runs "
-                                  f"{'with' if self.scaler.is_enabled() else 'without'} one; its loss "
-                                  "scale could not be resumed. Create the Trainer the same way (scaler=...).")
-        scale = state["scaler"].get("scale") if state["scaler"] else None
-        if _is_number(scale) and 0 < scale < self.min_scale:
-            raise CheckpointError(f"{path} holds a loss scale of {scale:.3g}, below this trainer's floor "
-                                  f"min_scale={self.min_scale:.3g}: its run had collapsed, and resuming it "
-                                  "would stop at the first step. Create the Trainer with a lower min_scale "
-                                  "to look at it anyway.")
-
-    def _check_values(self, state) -> None:
-        """Raise :class:`CheckpointError` naming the first value a run could not hold."""
-        step = state["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise CheckpointError(f"its step count is {step!r}; it must be an integer >= 0")
-        _check_history(state["history"], step)
-        _check_model(state["model"], self.model.state_dict())
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        _check_optimizer(state["optimizer"], params, with_scheduler=self.scheduler is not None)
-        if self.scaler.is_enabled():
-            _check_scaler_state(state["scaler"])
-        if self.scheduler is not None:
-            _check_scheduler_state(state["scheduler"])
-        _check_rng(state["rng"])
-
-
-# -- checkpoints: the digest, and the values a run can hold -----------------------------------
-
-
-def _first_line(err) -> str:
-    return str(err).splitlines()[0] if str(err) else ""
-
-
-def checkpoint_digest(state: dict) -> str:
-    """The SHA-256 of everything in ``state`` but its ``"digest"`` entry: every tensor's dtype,
-    shape and bytes, every number, string and container, in order. :meth:`Trainer.save`
-    stores it; :meth:`Trainer.load` recomputes it from what ``torch.load`` returned, which
-    reads tensor bytes without a checksum of its own."""
-    h = hashlib.sha256()
-    _feed(h, {k: v for k, v in state.items() if k != "digest"})
-    return h.hexdigest()
-
-
-def _feed(h, obj) -> None:
-    """Add ``obj`` to the hash ``h``, each value tagged with its type (1, 1.0 and True differ)."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().to("cpu").contiguous().reshape(-1)
-        h.update(f"T{t.dtype}{tuple(obj.shape)}:".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
-    elif isinstance(obj, dict):
-        h.update(f"D{len(obj)}:".encode())
-        for key, value in obj.items():
-            _feed(h, key)
-            _feed(h, value)
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)}:".encode())
-        for value in obj:
-            _feed(h, value)
-    elif obj is None or isinstance(obj, bool):
-        h.update(f"B{obj}:".encode())
-    elif isinstance(obj, int):
-        h.update(f"I{obj}:".encode())
-    elif isinstance(obj, float):
-        h.update(b"F" + struct.pack("<d", obj))
-    elif isinstance(obj, str):
-        h.update(f"S{len(obj)}:{obj}".encode())
-    else:
-        raise TypeError(f"a checkpoint holds only tensors, numbers, strings and containers; got {type(obj).__name__}")
-
-
-def _check_finite(what, value) -> None:
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex():
-            bad = int((~torch.isfinite(value)).sum())
-            if bad:
-                raise CheckpointError(f"{what} holds {bad} inf/NaN value{'s' if bad > 1 else ''}")
-    elif not _is_number(value) or not math.isfinite(value):
-        raise CheckpointError(f"{what} is {value!r}; it must be a finite number")
-
-
-def _number(value):
-    """A one-element tensor as a Python number (an optimizer may keep its lr as a tensor)."""
-    return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-
-
-def _check_history(history, step) -> None:
-    names = [f.name for f in fields(StepRecord)]
-    if not isinstance(history, list) or len(history) != step:
-        got = len(history) if isinstance(history, list) else type(history).__name__
-        raise CheckpointError(f"its history holds {got} records for {step} steps; a run records one per step")
-    for i, record in enumerate(history):
-        if not isinstance(record, dict) or list(record) != names:
-            raise CheckpointError(f"history record {i} does not have the columns {', '.join(names)}")
-        if type(record["step"]) is not int or record["step"] != i or not isinstance(record["skipped"], bool) \
-                or not all(_is_number(record[n]) for n in names if n != "skipped"):
-            raise CheckpointError(f"history record {i} is malformed: {record}")
-        if not (math.isfinite(record["scale"]) and record["scale"] > 0):
-            raise CheckpointError(f"history record {i} has a loss scale of {record['scale']!r}; a scale is > 0")
-
-
-def _check_model(saved, mine) -> None:
-    if not isinstance(saved, dict) or list(saved) != list(mine):
-        raise CheckpointError("its model weights do not name this model's tensors")
-    for name, ref in mine.items():
-        t = saved[name]
-        if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
-            got = f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise CheckpointError(f"model tensor {name!r} is {got}; the model's is {ref.dtype} of shape "
-                                  f"{list(ref.shape)}")
-        _check_finite(f"model tensor {name!r}", t)
-
-
-_NONNEGATIVE = ("eps", "weight_decay", "momentum", "dampening")
-
-
-def _check_hyperparameter(what, key, value, with_scheduler) -> None:
-    value = _number(value)
-    if value is None or isinstance(value, (bool, str)):
-        return
-    if key == "betas":
-        if not isinstance(value, (tuple, list)) or not all(_is_number(_number(b)) and 0 <= _number(b) < 1
-                                                         for b in value):
-            raise CheckpointError(f"{what} is {value!r}; each beta must lie in [0, 1)")
-        return
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            _check_finite(what, _number(v))
-        return
-    _check_finite(what, value)
-    if key in ("lr", "initial_lr"):
-        # A schedule may end at lr 0 (CosineAnnealingLR with eta_min=0); without one, lr > 0.
-        if value < 0 or (value == 0 and (key == "initial_lr" or not with_scheduler)):
-            raise CheckpointError(f"{what} is {value!r}; a learning rate must be > 0")
-    elif key in _NONNEGATIVE and value < 0:
-        raise CheckpointError(f"{what} is {value!r}; it must be >= 0")
-
-
-def _check_optimizer(saved, params, with_scheduler) -> None:
-    groups, state = saved["param_groups"], saved["state"]
-    ids = [i for g in groups for i in g["params"]]
-    if len(ids) != len(params) or len(set(ids)) != len(ids):
-        raise CheckpointError("its optimizer state holds another set of parameters")
-    shapes = {i: p.shape for i, p in zip(ids, params)}
-    for k, group in enumerate(groups):
-        for key, value in group.items():
-            if key != "params":
-                _check_hyperparameter(f"the optimizer's {key} (param group {k})", key, value, with_scheduler)
-    for pid, entry in state.items():
-        if pid not in shapes:
-            raise CheckpointError(f"its optimizer state names parameter {pid!r}, which no param group holds")
-        for key, value in entry.items():
-            what = f"the optimizer's {key!r} of parameter {pid}"
-            value = _number(value) if key == "step" else value
-            if value is None or isinstance(value, bool):
-                continue
-            _check_finite(what, value)
-            if key == "step" and (value < 0 or value != int(value)):
-                raise CheckpointError(f"{what} is {value!r}; a step count is an integer >= 0")
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shapes[pid]:
-                raise CheckpointError(f"{what} has shape {list(value.shape)}; its parameter has "
-                                      f"{list(shapes[pid])}")
-            if key in ("exp_avg_sq", "max_exp_avg_sq") and bool((value < 0).any()):
-                raise CheckpointError(f"{what} holds negative values; a mean of squares is >= 0")
-
-
-def _check_scaler_state(saved) -> None:
-    try:
-        _check_scale("the loss scale", saved["scale"])
-        _check_factors(saved["growth_factor"], saved["backoff_factor"])
-        _check_positive("growth_interval", saved["growth_interval"], integer=True)
-        tracker = saved["_growth_tracker"]
-        if not isinstance(tracker, int) or not 0 <= tracker < saved["growth_interval"]:
-            raise ValueError(f"its count of clean steps is {tracker!r}; it must be an integer from 0 "
-                             f"to growth_interval - 1 ({saved['growth_interval'] - 1})")
-    except ValueError as err:
-        raise CheckpointError(f"its GradScaler state is invalid: {err}") from None
-
-
-def _check_scheduler_state(saved) -> None:
-    if not isinstance(saved, dict):
-        raise CheckpointError("its lr scheduler state is not a dict")
-
-    def walk(what, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{what}[{k!r}]", v)
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                walk(f"{what}[{i}]", v)
-        elif isinstance(value, (float, torch.Tensor)):
-            _check_finite(what, value)
-
-    walk("its lr scheduler state", saved)
-    if "last_epoch" in saved and (not isinstance(saved["last_epoch"], int) or saved["last_epoch"] < 0):
-        raise CheckpointError(f"its lr scheduler's last_epoch is {saved['last_epoch']!r}; it must be >= 0")
-    for key in ("base_lrs", "_last_lr"):
-        for lr in saved.get(key) or ():
-            if not _is_number(_number(lr)) or _number(lr) < 0 or (key == "base_lrs" and _number(lr) == 0):
-                raise CheckpointError(f"its lr scheduler's {key} holds {lr!r}; a learning rate must be > 0")
-
-
-def _check_rng(rng) -> None:
-    """Try each saved state on a scratch generator: the global ones stay untouched."""
-    try:
-        random.Random().setstate(rng["python"])
-        key = rng["numpy"][1]
-        if not isinstance(key, torch.Tensor) or key.dim() != 1 or not bool(((key >= 0) & (key < 2**32)).all()):
-            raise ValueError("NumPy's key is not 32-bit words")
-        np.random.RandomState().set_state(_rng_from_checkpoint(rng)["numpy"])
-        torch.Generator().set_state(rng["torch"])
-        for state in rng.get("cuda", ()):
-            if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
-                raise ValueError("a CUDA generator state is not a byte tensor")
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-        raise CheckpointError(f"its random number generator states are invalid ({_first_line(err)})") from None
+        """Restore a checkpoint that :meth:`save` wrote from a run built like this one
+        (:func:`amp_lessons.checkpoints.load`): exact, or refused with a
+        :class:`~amp_lessons.checkpoints.CheckpointError` that names what differs or what is
+        wrong and leaves this trainer exactly as it was."""
+        return checkpoints.load(self, path)
