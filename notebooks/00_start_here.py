@@ -34,6 +34,7 @@
 # | 06 error messages | the AMP errors and warnings you will meet, reproduced, explained, fixed |
 # | 07 beyond one device | DDP and FSDP2 in mixed precision, with two real processes |
 # | 08 fp8 | e4m3 and e5m2, per-tensor and per-row scales, a small fp8 layer trained |
+# | 09 block scales | MXFP8, MXFP4, NVFP4 and 128-element blocks, delayed scaling, training below 8 bits |
 #
 # ## The card
 #
@@ -77,8 +78,10 @@
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
 #
-# Some sentences turn out to hold only on some devices (softmax stays float32 under CUDA's
-# autocast, not a CPU's); the lessons show where.
+# Some sentences turn out to hold only on some devices: under CUDA's autocast softmax,
+# log_softmax, layer_norm and sum run in float32, under a CPU's they run in the dtype they
+# are given (bf16 after a 16-bit matmul), and only the losses and a few ops such as `prod`
+# are kept in float32. Lesson 02 traces both.
 #
 # Every lesson opens with the same setup cell. On Colab it installs the course package;
 # elsewhere `make lab` already did.
@@ -120,11 +123,13 @@ print(report.table())
 # Three facts decide which precision to train in:
 #
 # - **the device**: a GPU with tensor cores runs 16-bit matmuls many times faster than
-#   float32; a CPU does so only with fast 16-bit kernels. On x86 those are AMX tiles or
-#   AVX512-BF16 for bf16 (AVX512-FP16, AMX-FP16 for fp16); on Arm, CPUs with BF16
-#   instructions such as AWS Graviton3 have fast bf16 kernels too. The report's "bfloat16"
-#   line checks only the x86 ones (AVX512-BF16 or AMX-BF16): an Arm CPU reads "emulated"
-#   there whatever it has, which is one reason the recommendation rests on a measurement.
+#   float32; a CPU does so only with fast 16-bit kernels. On x86 the 16-bit instructions
+#   are AMX tiles or AVX512-BF16 for bf16 (AVX512-FP16, AMX-FP16 for fp16); torch's oneDNN
+#   matmul also takes its 16-bit paths on other instruction sets (AVX-NE-CONVERT, or
+#   AVX512BW/VL/DQ for bf16) and on Arm CPUs such as AWS Graviton3, with no promise of speed
+#   (Sources). The report's "bfloat16" line checks only AVX512-BF16 or AMX-BF16, so an Arm
+#   CPU reads "emulated" there whatever it has: one reason the recommendation rests on a
+#   measured matmul, not on a list.
 # - **native or emulated bfloat16 on a GPU**: a T4 (compute capability 7.5) *reports* bf16
 #   support through `torch.cuda.is_bf16_supported()`, but only by emulation: its tensor
 #   cores run fp16, and bf16 ones start with Ampere.
@@ -327,9 +332,10 @@ print(describe_precision("fp16", "cpu"))
 #   later) devices") and the function's docstring (`torch/__init__.py`).
 # - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
 #   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
-# - Fast bf16 CPU kernels on Arm too: the same file's error text, "mkldnn_matmul bf16 path
-#   needs the cpu support avx512bw, avx512vl and avx512dq, or AWS Graviton3", and its fp16
-#   path needing "avx512_fp16".
+# - Which CPUs torch's oneDNN matmul takes its 16-bit paths on: the same file's error texts,
+#   in torch 2.13 "mkldnn_matmul bf16 path needs the cpu support avx_ne_convert or avx512bw,
+#   avx512vl and avx512dq, or AWS Graviton3" and "mkldnn_matmul fp16 path needs the cpu
+#   support avx_ne_convert or avx512_fp16" (the conditions, not the speed).
 # - bf16 tensor cores from Ampere (compute capability 8.0) on: CUDA C++ Programming Guide,
 #   "Alternate Floating Point" ("Tensor Cores support alternate types of floating point
 #   operations on devices with compute capability 8.0 and higher").

@@ -169,9 +169,9 @@ format_explorer("1e-8", "fp16")
 # ## Your gradients
 #
 # So far, single numbers. What matters in training is where the **gradients** lie. Below,
-# a small MLP learns the 8x8 handwritten digits in float32 for 50 steps on this machine,
-# and `GradientRecorder` keeps the gradients of step 50: every weight's gradient, and the
-# gradients that flow between the layers during backward (the `grad_output` of each
+# a small MLP learns the 8x8 handwritten digits in float32 for 51 steps (numbered 0 to 50)
+# on this machine, and `GradientRecorder` keeps the gradients of the last one, step 50:
+# every weight's gradient, and the gradients that flow between the layers during backward (the `grad_output` of each
 # `Linear`). float32's range holds them all, so these are the values a 16-bit backward pass
 # would have to hold.
 
@@ -409,8 +409,8 @@ print(check("float16 stores the typical gradient more precisely than bfloat16, a
 # - float16 overflows from 65520 on (the cells on its top end): one `inf` in the
 #   gradients and `GradScaler` skips the whole step.
 # - fp8 is narrower still, and e4m3fn has no `inf`. What torch's cast stores for a value
-#   too large for it depends on the release, on the CPU path: NaN before torch 2.13
-#   (Colab's 2.11), 448 from 2.13 on, `inf` included (PyTorch pull request 178817,
+#   too large for it depends on the release, on the CPU path: NaN before torch 2.13,
+#   448 from 2.13 on, `inf` included (PyTorch pull request 178817,
 #   "Properly saturate E4M3 on finite-overflow on CPU/C++ conversion code"). Type `1e6` in
 #   the widget to see what this release does (the cell below says it too); lesson 08 shows
 #   why fp8 code clamps before casting.

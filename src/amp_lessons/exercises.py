@@ -60,7 +60,7 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     if k != round(k):
         passed = False
         findings.append(f"{scale:g} is not a power of two: multiplying by it can round each "
-                        "gradient's mantissa; GradScaler only uses powers of two (2.0**k)")
+                        "gradient's mantissa; GradScaler's default scales are powers of two (2.0**k)")
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
     c = scaled_census(grads, "fp16", scale)
     normal = c.fraction("normal")
