@@ -659,7 +659,7 @@ def two_model_loop_as_given(models, optimizers, schedulers, batches):
 
 
 class _MarkedBatches(list):
-    """The exercise's batches; iterating notes where in the call log each batch began, so that
+    """06's exercise batches; iterating notes where in the call log each batch began, so that
     the checker can tell which batches reached ``scaler.scale``."""
 
     def __init__(self, batches, log):
