@@ -45,6 +45,17 @@ def test_update_per_optimizer_unscales_the_second_model_wrongly():
     assert "model 2 x0.5" in errors.describe_two_optimizer_run(wrong)
 
 
+def test_update_per_optimizer_at_an_overflow_doubles_the_second_models_step():
+    default = {"steps": 1, "growth_interval": 2000}
+    wrong = errors.two_optimizer_run(errors.step_two_optimizers_updating_each, overflow=(0,), **default)
+    assert wrong == [(1024, 512, [None, 2.0])]  # model 1 skipped; model 2 unscaled by 512
+    both = errors.two_optimizer_run(errors.step_two_optimizers_updating_each, overflow=(0, 1), **default)
+    assert both == [(1024, 256, [None, None])]  # both skipped, the scale down 4x
+    right = errors.two_optimizer_run(errors.step_two_optimizers, overflow=(0,), **default)
+    assert right == [(1024, 512, [None, 1.0])]
+    assert "model 1 skipped, model 2 x2" in errors.describe_two_optimizer_run(wrong)
+
+
 def test_half_model_with_a_scaler_raises_and_the_recipe_runs():
     with pytest.raises(ValueError, match=r"^Attempting to unscale FP16 gradients\.$"):
         errors.train_half_model(errors.tiny_model(), errors.tiny_batches())
@@ -213,11 +224,14 @@ def test_exercise_as_given():
     verdict = check_two_model_loop(two_model_loop_as_given)
     text = str(verdict)
     assert not verdict.passed
-    assert "bug: torch.amp.GradScaler() was built without a device" in text
-    assert "bug: scaler.update() ran 8 times in 4 iterations" in text
+    assert "bug: the GradScaler was built without a device" in text
+    assert "bug: scaler.update() ran 8 times for 4 batches" in text
     assert "not seen yet: no step was skipped" in text
     assert "bug: the weights now hold inf/NaN" in text
-    assert sum(line.strip().startswith("- check_loop: line") for line in text.splitlines()) == 3
+    assert sum(line.strip().startswith("- check_loop: a mistake") for line in text.splitlines()) == 3
+    # the kind of mistake and where the lesson shows it, not the code to write nor its line
+    for fix in ("GradScaler('cpu')", "GradScaler(\"cpu\")", "then scaler.update() once", "line "):
+        assert fix not in text
 
 
 def test_exercise_fixing_the_device_reveals_the_scheduler():
@@ -232,6 +246,54 @@ def test_exercise_solved():
     assert verdict.passed, str(verdict)
     assert "fixed: each scheduler stepped 3 times, once per AdamW step" in str(verdict)
     assert "check_loop finds nothing in your function" in str(verdict)
+
+
+def solved_but_not_clearing_gradients(models, optimizers, schedulers, batches):
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for scheduler in schedulers:
+            if scaler.get_scale() >= scale:  # not skipped
+                scheduler.step()
+
+
+def skipping_the_inf_batch_by_hand(models, optimizers, schedulers, batches):
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        if not torch.isfinite(x).all():
+            continue
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for opt, scheduler in zip(optimizers, schedulers):
+            scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def test_exercise_requires_the_steps_of_the_clean_batches():
+    verdict = check_two_model_loop(solved_but_not_clearing_gradients)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: AdamW stepped [0, 0] times for the 3 clean batches your loop trained on" in text
+    assert "fixed: each scheduler" not in text
+
+
+def test_exercise_describes_a_loop_that_skips_the_inf_batch_itself():
+    verdict = check_two_model_loop(skipping_the_inf_batch_by_hand)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "fixed: scaler.update() ran once per batch (3 times for the 3 batches your loop scaled)" in text
+    assert "bug: GradScaler skipped no step: your loop kept batch 0 (the one with the inf) from it" in text
+    assert "in 4 iterations" not in text and "the skipped first step" not in text
 
 
 def test_exercise_reports_a_crashing_loop():

@@ -197,35 +197,58 @@ def step_two_optimizers(models, opts, scaler, x, y):
     scaler.update()
 
 
-def two_optimizer_run(step, steps: int = 3, init_scale: float = 2.0**10, growth_interval: int = 1) -> list:
+def two_optimizer_run(step, steps: int = 3, init_scale: float = 2.0**10, growth_interval: int = 1,
+                      overflow: tuple = ()) -> list:
     """Run ``step`` ``steps`` times on two tiny models with SGD and one
     ``GradScaler(init_scale, growth_interval)``. Per iteration: ``(scale at backward, scale
-    after, [gradient applied / true gradient, per model])``. The true gradient is the one
-    backward produced divided by the scale backward ran with, read with a hook."""
+    after, [gradient applied / true gradient, per model])``, the ratio ``None`` where the
+    model's step was skipped (its weights did not move). The true gradient is the one
+    backward produced divided by the scale backward ran with, read with a hook.
+    ``overflow``: the indices of the models whose gradient holds an inf at the first
+    iteration (lesson 06, section 3)."""
     models = [tiny_model(1), tiny_model(2)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    raw = {}
-    for m in models:
-        for p in m.parameters():
-            p.register_hook(lambda g, p=p: raw.__setitem__(p, g.detach().clone()))
+    raw, iteration = {}, [0]
+
+    def record(g, p):
+        if iteration[0] == 0 and p is first[id(p)]:
+            g = g.clone()
+            g.view(-1)[0] = float("inf")
+        raw[p] = g.detach().clone()
+        return g
+
+    first = {}
+    for i, m in enumerate(models):
+        params = list(m.parameters())
+        for p in params:
+            first[id(p)] = params[0] if i in overflow else None
+            p.register_hook(lambda g, p=p: record(g, p))
     rows = []
     for x, y in tiny_batches(steps):
         scale = scaler.get_scale()
+        before = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models]
         step(models, opts, scaler, x, y)
         ratios = []
-        for m in models:
+        for m, old in zip(models, before):
+            if torch.equal(torch.cat([p.detach().flatten() for p in m.parameters()]), old):
+                ratios.append(None)
+                continue
             used = torch.cat([p.grad.flatten() for p in m.parameters()])
             true = torch.cat([raw[p].flatten() for p in m.parameters()]) / scale
             ratios.append(float((used[true != 0] / true[true != 0]).median()))
         rows.append((scale, scaler.get_scale(), ratios))
+        iteration[0] += 1
     return rows
 
 
 def describe_two_optimizer_run(rows) -> str:
     """:func:`two_optimizer_run`'s rows as lines of text."""
+    def ratio(r):
+        return "skipped" if r is None else f"x{r:g}"
+
     return "\n".join(f"step {i}: backward at scale {s:>6g}, scale after {after:>6g}; applied/true "
-                     f"gradient: model 1 x{r[0]:g}, model 2 x{r[1]:g}"
+                     f"gradient: model 1 {ratio(r[0])}, model 2 {ratio(r[1])}"
                      for i, (s, after, r) in enumerate(rows))
 
 

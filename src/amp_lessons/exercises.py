@@ -658,14 +658,60 @@ def two_model_loop_as_given(models, optimizers, schedulers, batches):
             opt.zero_grad(set_to_none=True)
 
 
+class _MarkedBatches(list):
+    """06's exercise batches; iterating notes where in the call log each batch began, so that
+    the checker can tell which batches reached ``scaler.scale``."""
+
+    def __init__(self, batches, log):
+        super().__init__(batches)
+        self.log, self.marks = log, []
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.marks.append(len(self.log.calls))
+            yield batch
+
+    def fed(self) -> list[int]:
+        """The indices of the batches during which the loop called ``scaler.scale``."""
+        ends = [*self.marks[1:], len(self.log.calls)]
+        return [i for i, (start, end) in enumerate(zip(self.marks, ends))
+                if any(c.name == "scale" for c in self.log.calls[start:end])]
+
+
+def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad):
+    """06's exercise: what the schedulers and optimizers did, as findings."""
+    skipped_by_hand = [i for i in bad if i not in fed]
+    clean = [i for i in fed if i not in bad]
+    if stepped != taken or warned:
+        bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps"
+            + (", and PyTorch warned 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'"
+               if warned else "") + ": a scheduler moved on for a step GradScaler skipped (section 1)")
+    elif min(taken) < len(clean):
+        bug(f"AdamW stepped {taken} times for the {len(clean)} clean batches your loop trained on: "
+            f"after the skipped step of batch {bad[0]}, later steps were skipped too (what is left "
+            "in the gradients from one iteration to the next?)")
+    elif skipped_by_hand:
+        bug(f"GradScaler skipped no step: your loop kept batch {skipped_by_hand[0]} (the one with the inf) "
+            "from it, so the schedulers' guard could not be checked. Let GradScaler find the inf "
+            "(lesson 03): in a real run you do not know which batch overflows")
+    elif taken == [len(fed)] * len(taken):
+        bug(f"not seen yet: no step was skipped (AdamW stepped {taken[0]} of {steps} times), "
+            "so the schedulers' guard could not be checked")
+    else:
+        findings.append(f"fixed: each scheduler stepped {stepped[0]} times, once per AdamW step "
+                        f"(GradScaler skipped the step of batch {bad[0]}, and neither moved)")
+
+
 def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     """06: check the learner's ``loop(models, optimizers, schedulers, batches)`` two ways.
 
-    Its source is read by :func:`amp_lessons.lint.check_loop`. Then it is run on two tiny
-    MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, the first holding an inf, as on a
-    machine without CUDA (the same on every machine), with every GradScaler and its calls
-    recorded: the scaler's device, one ``update()`` per iteration, each scheduler stepping
-    exactly when its optimizer did, no warnings, finite weights.
+    It is run on two tiny MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, the first
+    holding an inf, as on a machine without CUDA (the same on every machine), with every
+    GradScaler and its calls recorded: the scaler's device, one ``update()`` per batch, the
+    optimizers stepping on every clean batch, each scheduler stepping exactly when its
+    optimizer did, no warnings, finite weights. Then its source is read by
+    :func:`amp_lessons.lint.check_loop`. The findings name the kind of mistake and the
+    section that shows it, not the line to write.
     """
     import inspect
     import warnings
@@ -675,52 +721,45 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     def bug(text):
         nonlocal passed
         passed = False
-        findings.append("bug: " + text)
+        findings.append(text if text.startswith("not seen yet") else "bug: " + text)
 
     models = [tiny_model(1), tiny_model(2)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
     schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
-    error = None
+    bad, error = (0,), None
     with without_cuda(), record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        batches = _MarkedBatches(tiny_batches(steps, bad=bad), log)
         try:
-            loop(models, optimizers, schedulers, tiny_batches(steps, bad=(0,)))
+            loop(models, optimizers, schedulers, batches)
         except Exception as err:  # the learner's loop: report it, do not crash the checker
             error = err
     if error is not None:
         bug(f"the loop raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
 
     if not log.scalers:
-        bug("no torch.amp.GradScaler(...) was built in the loop: fp16 needs one")
+        bug("no torch.amp.GradScaler was built in the loop: float16 needs one (lesson 03)")
     elif not log.scalers[0]["device_given"]:
-        bug("torch.amp.GradScaler() was built without a device: without CUDA it warned and disabled "
-            "itself, so nothing was scaled or skipped. Pass the device: torch.amp.GradScaler('cpu')")
+        bug("the GradScaler was built without a device: without CUDA it warned and disabled itself, "
+            "so nothing was scaled or skipped (section 8)")
     elif not log.scalers[0]["enabled"]:
-        bug(f"the GradScaler is off (device {log.scalers[0]['device']!r}): build it for 'cpu'")
+        bug(f"the GradScaler is off (device {log.scalers[0]['device']!r}): on this machine it scales "
+            "nothing (section 8)")
     else:
         findings.append("fixed: the GradScaler is built for the cpu and is on")
 
-    updates = log.count("update")
-    if updates == steps:
-        findings.append(f"fixed: scaler.update() ran once per iteration ({steps} times)")
+    fed, updates = batches.fed(), log.count("update")
+    trained = f"the {len(fed)} batches your loop scaled" if len(fed) < steps else f"{steps} batches"
+    if updates == len(fed) and fed:
+        findings.append(f"fixed: scaler.update() ran once per batch ({updates} times for {trained})")
     else:
-        bug(f"scaler.update() ran {updates} times in {steps} iterations: call scaler.step(opt) for "
-            "each optimizer, then scaler.update() once")
+        bug(f"scaler.update() ran {updates} times for {trained}: the scale it changes is the one the "
+            "next scaler.step unscales with (section 3)")
 
     taken = [optimizer_steps(o) for o in optimizers]
     stepped = [s.last_epoch for s in schedulers]
     warned = any(SCHEDULER_WARNING in str(w.message) for w in caught)
-    if stepped != taken or warned:
-        bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps"
-            + (", and PyTorch warned 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'"
-               if warned else "") + ": step a scheduler only when the step was not skipped")
-    elif taken == [steps] * len(taken):
-        passed = False
-        findings.append(f"not seen yet: no step was skipped (AdamW stepped {taken[0]} of {steps} times), "
-                        "so the schedulers' guard could not be checked")
-    else:
-        findings.append(f"fixed: each scheduler stepped {stepped[0]} times, once per AdamW step "
-                        f"(the skipped first step moved neither)")
+    _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad)
     if not all(torch.isfinite(p).all() for m in models for p in m.parameters()):
         bug("the weights now hold inf/NaN: the batch with an inf reached the optimizers")
     others = sorted({str(w.message) for w in caught if SCHEDULER_WARNING not in str(w.message)})
@@ -734,7 +773,7 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
         for f in static:
             if f.kind == "mistake":
                 passed = False
-            findings.append(f"check_loop: line {f.line} of your function: [{f.code}] (lesson {f.lesson})")
+            findings.append(f"check_loop: a {f.kind} of the kind lesson {f.lesson[:2]} shows: {f.code}")
         if not static:
             findings.append("check_loop finds nothing in your function")
     return Verdict(passed, findings)
