@@ -242,7 +242,7 @@ for op in ops:
     print(f"{op:<26}{has_kernel(op, 'AutocastCPU')!s:>12}{has_kernel(op, 'AutocastCUDA')!s:>13}")
 
 # %% [markdown]
-# The block above cannot show the difference for `layer_norm`, whose input was float32
+# The transformer block cannot show the difference for `layer_norm`, whose input was float32
 # anyway. Single calls on a 16-bit input can, but this machine may have no GPU.
 #
 # ### Replaying CUDA's autocast here: `simulate=True`
