@@ -24,8 +24,8 @@
 #
 # Autocast's rules differ from one device type to the next, so the lesson also replays
 # **CUDA**'s autocast on this machine, labelled *simulated* wherever it appears: on a CPU you
-# see what a GPU does differently, and on a GPU you see the simulation agree with the real
-# trace.
+# see what CUDA's lists would do differently. On a GPU the lesson also traces the real thing,
+# and a check compares the two (below).
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -91,10 +91,11 @@ print("parameter dtypes: ", {p.dtype for p in model.parameters()})
 #
 # The card picks float16 on every GPU. Lesson 00 recommends bfloat16 on Ampere-or-newer GPUs
 # (A100, H100, RTX 30xx and later, with native bfloat16: no scaler needed) and float16 with a
-# `GradScaler` on older ones (T4, V100). From here on the lesson picks the device with
+# `GradScaler` on older ones with tensor cores (compute capability 7.x: V100, T4), and fp32 on
+# a GPU without tensor cores (below 7.0). From here on the lesson picks the device with
 # `amp_lessons.pick_device` (which also finds Apple's MPS) and traces in the precision lesson
-# 00 recommends for it. Where that is fp32 (a CPU without fast bf16 matmuls, an Apple
-# GPU), autocast still needs a 16-bit dtype to show anything, so the lesson takes
+# 00 recommends for it. Where that is fp32 (a CPU without fast bf16 matmuls, a GPU without
+# tensor cores, an Apple GPU), autocast still needs a 16-bit dtype to show anything, so the lesson takes
 # autocast's own default for the device type: bfloat16 on a CPU, float16 on CUDA and MPS (`amp_lessons.trace.lesson_dtype`).
 
 # %%
@@ -167,7 +168,8 @@ block_trace
 print(block_trace.summary())
 
 # %% [markdown]
-# The two traces side by side, one cell per op in the order the ops ran:
+# The two traces side by side, one cell per op in the order the ops ran. A grey cell is a
+# cast; the figure does not show which way it went (the tables above do):
 
 # %%
 from amp_lessons.plots import op_dtypes
@@ -190,10 +192,12 @@ for op in ("addmm", "bmm", "_softmax", "gelu", "native_layer_norm", "add", "mse_
 #
 # 1. Ops on the **lower-precision list** (matmul, `linear`, `bmm`, convolutions) get their
 #    float32 inputs cast to 16-bit and run in 16-bit.
-# 2. Ops on the **float32 list** (the losses on every device, and others that differ by
-#    device: linear algebra on a CPU, `softmax` and `layer_norm` on CUDA and MPS, below)
-#    get their 16-bit inputs cast to float32 (or are asked for a float32 result) and run in
-#    float32.
+# 2. Ops on the **float32 list** (most losses, and others that differ by device: linear
+#    algebra on a CPU, `softmax` and `layer_norm` on CUDA and MPS, below) get their 16-bit
+#    inputs cast to float32 (or are asked for a float32 result) and run in float32. Not every
+#    loss: on CUDA, `binary_cross_entropy` is banned under autocast and raises "... unsafe to
+#    autocast" (use `binary_cross_entropy_with_logits`; `binary_cross_entropy_banned` in
+#    `autocast_mode.cpp`).
 # 3. Every other op runs in the dtype of its inputs, with ordinary type promotion when
 #    they differ. The residual `add` gets the block's float32 input plus a 16-bit branch,
 #    so its result is float32: that is type promotion, not autocast (`<- already fp32`). It
@@ -211,8 +215,9 @@ print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 # %% [markdown]
 # An op on no list can still cast inside itself. `torch.rms_norm` upcasts a 16-bit input to
 # float32, normalizes, and casts back; the tracer labels those casts `explicit`, the op's own,
-# unless this device's autocast has a kernel for `rms_norm` (CUDA's does; its list makes it
-# float32):
+# unless this device's autocast has a kernel for `rms_norm`. The CPU's has none; in the torch
+# installed here CUDA's has one (the `aten::rms_norm` row of the next section's table; older
+# releases may lack it), which puts it on CUDA's float32 list:
 
 # %%
 print(trace_fn(partial(torch.rms_norm, torch.randn(4, 16, device=device).to(dtype), (16,)),
@@ -230,31 +235,27 @@ print(trace_fn(partial(torch.rms_norm, torch.randn(4, 16, device=device).to(dtyp
 
 # %%
 has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-ops = ["aten::mm", "aten::softmax.int", "aten::layer_norm", "aten::sum", "aten::relu",
-       "aten::nll_loss", "aten::cross_entropy_loss"]
+ops = ["aten::mm", "aten::softmax.int", "aten::layer_norm", "aten::rms_norm", "aten::sum",
+       "aten::relu", "aten::nll_loss", "aten::cross_entropy_loss"]
 print(f"{'op':<26}{'AutocastCPU':>12}{'AutocastCUDA':>13}")
 for op in ops:
     print(f"{op:<26}{has_kernel(op, 'AutocastCPU')!s:>12}{has_kernel(op, 'AutocastCUDA')!s:>13}")
 
 # %% [markdown]
-# In short:
-#
-# - **CUDA**'s float32 list holds `softmax`, `log_softmax`, `layer_norm`, `group_norm`,
-#   `sum`, `exp`, `pow`, the norms and the losses: a 16-bit input comes out float32.
-# - The **CPU**'s float32 list holds the losses and linear algebra, but **not** `softmax`,
-#   `log_softmax`, `layer_norm`, `group_norm` or `sum`: they follow rule 3, so a 16-bit input
-#   stays 16-bit.
-#
-# The block above cannot show the difference for `layer_norm`, whose input was float32
+# The transformer block cannot show the difference for `layer_norm`, whose input was float32
 # anyway. Single calls on a 16-bit input can, but this machine may have no GPU.
 #
 # ### Replaying CUDA's autocast here: `simulate=True`
 #
 # Autocast decides every cast in C++ before any kernel runs, from the op, its arguments'
-# devices and dtypes and the autocast dtype, never from the data. So the tracer can replay a device it does not have: with `simulate=True` it
-# turns the tensors into `FakeTensor`s on `"cuda"` (a shape, a dtype and a device, but no
-# data), switches CUDA's autocast on, and records the same aten ops as before. Nothing is
-# computed, there is no backward pass, and every simulated trace says "(simulated)".
+# devices and dtypes and the autocast dtype, never from the data. So the tracer can replay a
+# device it does not have: with `simulate=True` it turns the tensors into `FakeTensor`s on
+# `"cuda"` (a shape, a dtype and a device, but no data), switches CUDA's autocast on, and
+# records the aten ops it dispatches. Nothing is computed, there is no backward pass, and
+# every simulated trace says "(simulated)". One thing a replay may not reproduce: autocast
+# caches the 16-bit copy of a float32 weight within a context (`cached_casts` in
+# `autocast_mode.cpp`), so a real trace that uses a weight twice may show one cast where the
+# replay shows two.
 #
 # Can a replay be trusted? On any device the tracer can run a call both ways, for real and
 # simulated, and compare them op by op. Here, for the lesson's three models (the exercise at
@@ -267,35 +268,44 @@ for verdict in simulation_verdicts(device, [dtype]):
     print(verdict)
 
 # %% [markdown]
-# On a CPU this checks the replay machinery against the CPU's own autocast; on a CUDA GPU it
-# checks the CUDA replay against the real thing (`make gpu-check` does it for both 16-bit
-# dtypes).
+# On a CPU this checks the replay machinery against the CPU's own autocast, not CUDA's. On a
+# CUDA GPU the same cell compares the CUDA replay with real CUDA traces, and `make gpu-check`
+# runs that comparison for both 16-bit dtypes; the stored outputs of this lesson come from a
+# CPU, so they hold no such comparison.
 #
-# Now single calls, each on this device and replayed on CUDA, side by side (`x` is a 16-bit
-# activation; the other inputs are described in the first line). **Predict** which of them
-# CUDA will run in float32.
+# Now single calls, each on this device and replayed on CUDA, side by side, for both 16-bit
+# dtypes (`x` is a 16-bit activation; the other inputs are described in the first line).
+# **Predict** which of them CUDA will run in float32.
 
 # %%
 from amp_lessons.trace import PROBE_INPUTS, probe_table
 
 print(PROBE_INPUTS)
-print(probe_table(["relu(x)", "softmax(x)", "log_softmax(x)", "layer_norm(x)", "group_norm(x)"], dtype))
+for d in (torch.bfloat16, torch.float16):
+    print(probe_table(["relu(x)", "softmax(x)", "log_softmax(x)", "layer_norm(x)", "group_norm(x)"], d), "\n")
 
 # %% [markdown]
 # In a `cpu` column, a 16-bit input gives a 16-bit `_softmax`, `_log_softmax`,
 # `native_layer_norm` and `native_group_norm`, exactly like `relu`, which is on no list. In
 # the `cuda` columns the four come out float32, while `relu` stays 16-bit.
 #
-# Does CUDA always insert a `_to_copy` first? Not for every op and dtype. With float16,
-# autocast asks `softmax` and `log_softmax` for a float32 result (it sets the op's `dtype=`
-# argument), and CUDA's kernels read float16 and write float32 in one step. `layer_norm`
-# has no such argument, so its input is cast first. With bfloat16, all three get a cast.
-# The trace, for both 16-bit dtypes:
+# Does CUDA always insert a `_to_copy` first? Autocast itself casts only `layer_norm`'s and
+# `group_norm`'s input (their policy is `fp32`). For `softmax` and `log_softmax` (policy
+# `fp32_set_opt_dtype`, whatever the 16-bit dtype) it casts nothing: it calls the op with
+# `dtype=float32`. What happens next is the op's own code, `softmax` in
+# `aten/src/ATen/native/SoftMax.cpp`: a float16 CUDA input asked for float32 goes straight to
+# `_softmax(input, dim, half_to_float=true)`, a kernel that reads float16 and writes float32;
+# any other input is first cast with `input.toType(dtype)`. So with bfloat16 the `_to_copy`
+# before `_softmax` is there, but it is the op's cast, and the `cuda` columns label it
+# `explicit`, as with `rms_norm`; the op is still marked `<- autocast fp32`, because autocast
+# asked for float32. The replay runs that same C++ code with CUDA's dispatch keys, so it takes
+# the same branch. The bfloat16 `softmax`, next to `layer_norm`, in full:
 
 # %%
-cuda_columns = ["cuda", "cuda (simulated)"] if device == "cuda" else ["cuda (simulated)"]
-for d in (torch.bfloat16, torch.float16):
-    print(probe_table(["softmax(x)", "log_softmax(x)", "layer_norm(x)"], d, cuda_columns), "\n")
+from amp_lessons.trace import probe
+
+for call in ("softmax(x)", "layer_norm(x)"):
+    print(probe(call, torch.bfloat16, "cuda", simulate=True).table(), "\n")
 
 # %% [markdown]
 # The same transformer block, on this device and replayed on CUDA:
@@ -317,19 +327,21 @@ op_dtypes([block_trace, cuda_block])
 # float32 ops. Both hold: the docs list what the call gives, and the loss does come out
 # float32, because it decomposes into ops that are on the list. PyTorch computes
 # `log_softmax(x, 1, dtype=x.dtype)`, then `nll_loss`. `log_softmax` is on CUDA's float32
-# list, yet here autocast leaves it alone, because the call names its own dtype; `nll_loss`
-# is on the list too, so its input is cast to float32. **Predict** the CUDA column for the
-# three calls below.
+# list (the tables above), yet here autocast leaves it alone, because the call names its own
+# dtype; `nll_loss` is on the list too, so its input is cast to float32. **Predict** the CUDA
+# column for the two calls below.
 
 # %%
-print(probe_table(["cross_entropy(x, y)", "log_softmax(x)", "softmax(x, dtype=x.dtype)"], dtype))
+print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype))
 
 # %% [markdown]
 # The loss itself is float32 on both devices, as the card says; on CUDA its `_log_softmax`
 # ran in 16-bit. The rule behind it is in PyTorch's autocast documentation ("Op
 # Eligibility"). Autocast skips:
 #
-# - calls that pass an explicit `dtype=` (the output respects it);
+# - calls that pass an explicit `dtype=` (the output respects it), on CUDA and CPU: the
+#   `fp32_set_opt_dtype` policy's kernels in `autocast_mode.cpp`; MPS's list has no such
+#   policy, as its replay below shows;
 # - in-place ops (`x.exp_()`, `c.addmm_(a, b)`) and calls with `out=`;
 # - float64 tensors, and tensors that are not floating point.
 #
@@ -355,17 +367,9 @@ print(probe_table(["sum(x)", "mean(x)"], dtype))
 # float32 list. A trace shows the dtype each op returns, not how its kernel accumulates
 # inside.
 #
-# ## The CUDA statements, checked
-#
-# Every statement this lesson makes about CUDA, as verdicts on CUDA traces: replayed here, or
-# real on a CUDA GPU. `make gpu-check` runs them on both 16-bit dtypes, and compares the
-# replay with the real traces.
-
-# %%
-from amp_lessons.devicechecks import statement_verdicts
-
-for verdict in statement_verdicts(device, [dtype]):
-    print(verdict)
+# `python -m amp_lessons selfcheck` (and `make gpu-check`) checks this lesson's statements
+# about CUDA as verdicts on CUDA traces: on a CPU, on the replay, so a verdict there says
+# only that the replayed lists agree with the sentence; on a CUDA GPU, on real traces.
 
 # %% [markdown]
 # ## Apple GPUs (MPS)
@@ -404,8 +408,8 @@ for name, p in mlp.named_parameters():
 # %% [markdown]
 # The backward pass ran its matmuls in 16-bit as well (the `(backward)` row): with autocast
 # off, as here, each backward op runs in the dtype its forward op chose (called inside the
-# context, autocast can change that: two sections below). Every cast autocast inserted has a backward
-# of its own, a cast the other way, so the gradient reaching a float32 weight is cast back
+# context, autocast can change that: the next section). Every cast autocast inserted has a
+# backward of its own, a cast the other way, so the gradient reaching a float32 weight is cast back
 # to float32: the `_to_copy` casts in the `(backward)` row.
 
 # %%
@@ -426,23 +430,20 @@ block_in, *_ = example("TransformerBlock", device)
 outside = trace_model(block_out, xb, yb, block_loss, dtype=dtype, backward="outside")
 inside = trace_model(block_in, xb, yb, block_loss, dtype=dtype, backward="inside")
 diff = differences(outside, inside, module="(backward)")
-print("backward ops traced:", sum(r.module == "(backward)" for r in outside.records))
-print("ops or dtypes that differ, inside vs outside:", len(diff))
-print("\n".join(diff[:8]) or "(none)")
-
-# %%
 grads = [(a.grad, b.grad) for a, b in zip(block_out.parameters(), block_in.parameters())]
-print("identical gradients:", all(torch.equal(a, b) for a, b in grads))
-print("gradient dtypes:    ", {b.dtype for _, b in grads})
+print("backward ops that differ, inside vs outside:", len(diff))
+print("\n".join(diff[:4]) or "(none)")
+print("identical gradients:", all(torch.equal(a, b) for a, b in grads),
+      "| gradient dtypes:", {b.dtype for _, b in grads})
 
 # %% [markdown]
-# What does not change: the gradients stay float32. Whether anything else changes depends
-# on the model and this device's lists. Autocast acts only on ops that are on one of its
-# lists and get an input of another dtype, and in this block the backward ops get inputs
-# already in the dtype their forward op chose, so there is little for it to do; the cells
-# above printed what it did change here, if anything. The card's rule keeps backward free
-# of such accidents: the next two sections show code whose gradients do depend on where
-# `backward()` is called.
+# On this device, the cell above printed what changed. That is this device's lists, not a
+# rule: autocast acts inside `backward()` on every op on its lists. The backward pass here
+# reduces the bias gradients of its `Linear` layers with `sum`, which is on CUDA's float32 list (`sum` above) and
+# not on the CPU's, so on CUDA those sums may come out float32 when `backward()` runs inside
+# the context. The replay has no backward pass, so this lesson cannot show CUDA's case. The
+# card's rule keeps backward free of such accidents: the next two sections show code whose
+# gradients do depend on where `backward()` is called.
 #
 # ## A region that must run in float32: `autocast(enabled=False)`
 #
@@ -610,12 +611,12 @@ print(autocast_table("card_model", "fp16", "cpu").split("\n\n")[0])
 #   and convolutions ran in 16-bit; the losses came out float32 (the traces above).
 # - Autocast never converts the model: it casts each float32 weight to 16-bit as an op uses
 #   it (the `_to_copy` rows). Parameters and their `.grad` stayed float32.
-# - Each device type has its own lists. On CUDA, softmax, log_softmax, layer_norm, group_norm
-#   and sum come out float32; on a CPU they follow their input, so a 16-bit input stays
-#   16-bit. Ops on no list follow their inputs, with type promotion (the residual `add`
-#   came out float32 because its input was float32 already, not because of autocast).
-# - Autocast skips calls with an explicit `dtype=`, in-place ops, `out=` and float64. That is
-#   why CUDA runs `cross_entropy`'s log-softmax in 16-bit: it passes `dtype=x.dtype`.
+# - Each device type has its own lists (trace on the device you train on). Ops on no list
+#   follow their inputs, with type promotion (the residual `add` came out float32 because
+#   its input was float32 already, not because of autocast).
+# - On CUDA and CPU, autocast skips calls with an explicit `dtype=` (MPS does not), and
+#   everywhere in-place ops, `out=` and float64. That is why CUDA runs `cross_entropy`'s
+#   log-softmax in 16-bit: it passes `dtype=x.dtype`.
 # - "Reductions stay float32" is true on CUDA for `sum`, not for `mean`, and on a CPU for
 #   neither.
 # - Apple GPUs (MPS) keep lists like CUDA's; replayed here, each float32 op there gets its

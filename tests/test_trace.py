@@ -286,6 +286,33 @@ def test_casts_inside_an_op_autocast_has_no_kernel_for_are_not_autocasts():
     assert cuda.casts[0].autocast_cast
 
 
+@pytest.mark.parametrize("op", ["softmax(x)", "log_softmax(x)"])
+def test_cuda_softmax_casts_its_own_bf16_input_where_autocast_asks_for_float32(op):
+    """CUDA's autocast calls softmax and log_softmax with dtype=float32 (fp32_set_opt_dtype):
+    the bf16 upcast is the op's own (SoftMax.cpp's toType), yet the op is float32 because
+    autocast asked; float16 needs no cast (half_to_float); layer_norm's cast is autocast's."""
+    bf16 = probe(op, torch.bfloat16, "cuda", simulate=True)
+    (cast,) = bf16.casts
+    assert not cast.autocast_cast and "explicit" in bf16.table()
+    (compute,) = bf16.compute
+    assert compute.fp32 and compute.to_fp32 and not compute.already_fp32
+    fp16 = probe(op, torch.float16, "cuda", simulate=True)
+    assert not fp16.casts and fp16.compute[0].to_fp32
+    (ln_cast,) = probe("layer_norm(x)", torch.bfloat16, "cuda", simulate=True).casts
+    assert ln_cast.autocast_cast
+    mps = probe(op, torch.bfloat16, "mps", simulate=True)  # MPS: plain fp32 policy, autocast casts
+    assert mps.casts[0].autocast_cast
+
+
+def test_an_op_kernel_for_own_casts_leaves_gradients_alone():
+    x = torch.randn(3, 5, requires_grad=True)
+    tr = trace_fn(lambda: torch.log_softmax(x, -1).sum().backward(), device="cpu", enabled=False)
+    assert tr.records and x.grad is not None
+    y = x.detach().clone().requires_grad_()
+    torch.log_softmax(y, -1).sum().backward()
+    assert torch.equal(x.grad, y.grad)
+
+
 def test_a_cast_the_code_writes_is_explicit_not_autocast():
     h = torch.randn(4, 8).to(torch.bfloat16)
     tr = trace_fn(lambda: torch.exp(h.float()), device="cpu", dtype=torch.bfloat16)
@@ -694,12 +721,31 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
     unanswered = check_dtype_predictions(dict.fromkeys(right, "?"), tr)
     assert not unanswered.passed and all("no prediction yet" in f for f in unanswered.findings)
     assert not check_dtype_predictions(dict(right, gelu="fp61"), tr).passed
-    absent = check_dtype_predictions(dict(right, softmax="fp32"), tr)
+    absent = check_dtype_predictions({"softmax": "fp32"}, tr, ops=None)
     assert not absent.passed and any("softmax: did not run" in f for f in absent.findings)
     assert not check_dtype_predictions({}, tr).passed
     cuda = trace_model(*dtype_exercise("cpu"), dtype=dtype, device="cuda", simulate=True)
-    hint = check_dtype_predictions({"native_group_norm": short(dtype)}, cuda).findings[0]
+    hint = check_dtype_predictions({"native_group_norm": short(dtype)}, cuda, ops=None).findings[0]
     assert "Rule 2" in hint and "cuda (simulated)'s float32 list" in hint
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=short)
+def test_exercise_checker_wants_all_five_ops_and_no_others(dtype):
+    tr = trace_model(*dtype_exercise("cpu"), dtype=dtype)
+    right = _answers(CPU_ANSWERS, dtype)
+    one = check_dtype_predictions({"convolution": short(dtype)}, tr)
+    assert not one.passed
+    assert one.findings == ["missing: 'native_group_norm', 'gelu', '_log_softmax', "
+                            "'nll_loss_forward'; predict all 5 ops, with '?' for the ones "
+                            "you have not decided"]
+    typo = check_dtype_predictions(dict(right, softmax="fp32"), tr)
+    assert not typo.passed and len(typo.findings) == 1
+    assert typo.findings[0].startswith("not asked: 'softmax'; the exercise's ops are 'convolution'")
+    renamed = {("log_softmax" if op == "_log_softmax" else op): a for op, a in right.items()}
+    both = check_dtype_predictions(renamed, tr)
+    assert [f.split(":")[0] for f in both.findings] == ["not asked", "missing"]
+    assert "'log_softmax'" in both.findings[0] and "'_log_softmax'" in both.findings[1]
+    assert check_dtype_predictions(right, tr).passed
 
 
 def test_exercise_checker_refuses_tf32_with_a_reason():

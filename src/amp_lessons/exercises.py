@@ -138,19 +138,37 @@ def _parse_guess(op: str, guess):
     return dtype_of(name), None
 
 
-def check_dtype_predictions(predictions: dict, trace, reveal: bool = False) -> Verdict:
+DTYPE_EXERCISE_OPS = ("convolution", "native_group_norm", "gelu", "_log_softmax",
+                      "nll_loss_forward")  # the ops 02's exercise asks about
+
+
+def check_dtype_predictions(predictions: dict, trace, reveal: bool = False,
+                            ops=DTYPE_EXERCISE_OPS) -> Verdict:
     """02: compare ``{aten op: predicted dtype}`` with the dtypes a live trace recorded.
 
     A prediction is a precision name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"float32"``...)
     or a torch dtype; ``"?"`` or ``None`` means not answered yet; ``"tf32"`` is refused
     (not a tensor dtype). ``trace`` is an :class:`amp_lessons.trace.Trace` run on this
-    device. A wrong prediction gets the rule that decided the op (lesson 02's rules 1-3),
-    not the answer; ``reveal=True`` adds the dtype each op ran in.
+    device. ``ops`` are the ops that must all be predicted (lesson 02's five by default);
+    a key outside them is refused by name; ``ops=None`` accepts any op the trace ran. A
+    wrong prediction gets the rule that decided the op (lesson 02's rules 1-3), not the
+    answer; ``reveal=True`` adds the dtype each op ran in.
     """
     if not predictions:
         return Verdict(False, ["no predictions: fill in the dict, one aten op per entry"])
     ran = sorted({r.op for r in trace.rows()})
     findings, passed = [], True
+    if ops is not None:
+        unknown = [op for op in predictions if op not in ops]
+        missing = [op for op in ops if op not in predictions]
+        if unknown or missing:
+            if unknown:
+                findings.append(f"not asked: {', '.join(map(repr, unknown))}; the exercise's "
+                                f"ops are {', '.join(map(repr, ops))} (check the spelling)")
+            if missing:
+                findings.append(f"missing: {', '.join(map(repr, missing))}; predict all "
+                                f"{len(ops)} ops, with '?' for the ones you have not decided")
+            return Verdict(False, findings)
     for op, guess in predictions.items():
         records = trace.ops(op)
         if not records:

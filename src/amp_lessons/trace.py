@@ -349,12 +349,24 @@ class _OwnCasts:
     pass through it. Every other cast does: the code's ``.float()``, and the casts inside an
     op that autocast has no kernel for (``torch.rms_norm`` upcasts and casts back itself).
     While active, a kernel on the autocast keys for ``_to_copy`` notes each cast passing
-    through, then runs it as before."""
+    through, then runs it as before.
+
+    One kind of own cast runs with autocast's key excluded: ``softmax`` and ``log_softmax``
+    are on CUDA's ``fp32_set_opt_dtype`` list, so autocast calls them with ``dtype=float32``
+    and casts nothing; the op then casts its own input (``input.toType(dtype)`` in
+    ``aten/src/ATen/native/SoftMax.cpp``), except for a float16 CUDA input, which its kernel
+    reads directly (``_softmax(input, dim, half_to_float=True)``). Those two ops get a kernel
+    on the autograd keys that marks the casts inside them as their own, and
+    ``for_autocast`` while autocast is the caller (the result is float32 because autocast
+    asked for it)."""
 
     KEYS = ("AutocastCPU", "AutocastCUDA", "AutocastMPS")
+    AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMPS")
+    OPT_DTYPE_OPS = ("softmax.int", "log_softmax.int")
 
     def __init__(self):
-        self.passing = False  # a cast that came through an autocast key is running
+        self.passing = False  # a cast that came through an autocast key, or an op's own, is running
+        self.for_autocast = False  # ... inside an op autocast called with dtype=float32
         self._lib = None
 
     def _kernel(self, key):
@@ -369,11 +381,29 @@ class _OwnCasts:
                 self.passing = before
         return through_autocast
 
+    def _own_body(self, overload):
+        op = getattr(torch.ops.aten, overload.split(".")[0]).int
+
+        def own_casts(x, dim, dtype=None, **kwargs):
+            called_by_autocast = (dtype is not None and x.device.type in ("cpu", "cuda", "mps")
+                                  and not torch.is_autocast_enabled(x.device.type))
+            before = self.passing, self.for_autocast
+            self.passing, self.for_autocast = True, called_by_autocast
+            try:
+                return op.decompose(x, dim, dtype, **kwargs)
+            finally:
+                self.passing, self.for_autocast = before
+        return own_casts
+
     def __enter__(self):
         self._lib = torch.library.Library("aten", "IMPL")
         for key in self.KEYS:
             if hasattr(torch._C.DispatchKey, key):
                 self._lib.impl("_to_copy", self._kernel(key), key)
+        for key in self.AUTOGRAD_KEYS:
+            if hasattr(torch._C.DispatchKey, key):
+                for overload in self.OPT_DTYPE_OPS:
+                    self._lib.impl(overload, self._own_body(overload), key)
         return self
 
     def __exit__(self, *exc):
@@ -413,7 +443,7 @@ class _Recorder(TorchDispatchMode):
         autocast_on = self.trace.dtype is not None and not self.calls.explicit
         if kind == "cast":
             by_autocast = autocast_on and not self.own.passing
-            if by_autocast:
+            if by_autocast or (autocast_on and self.own.for_autocast):
                 self._mark(res)
         elif kind == "layout":
             by_autocast = False
