@@ -67,7 +67,8 @@ def test_readme_commands_are_the_makefile_targets_ci_calls():
 
 def _requirements_of_pyproject():
     project = PYPROJECT["project"]
-    return set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+    extras = project["optional-dependencies"]
+    return set(project["dependencies"]) | set(extras["dev"]) | set(extras["lab"])
 
 
 def test_environment_yml_matches_pyproject():
@@ -75,7 +76,7 @@ def test_environment_yml_matches_pyproject():
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {r for r in pip_section if not r.startswith("-e")}
     assert listed == _requirements_of_pyproject()
-    assert "-e ." in pip_section
+    assert "-e .[lab]" in pip_section
     assert any(str(d).startswith("python") for d in env["dependencies"])
 
 
