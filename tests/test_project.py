@@ -47,6 +47,50 @@ def test_setup_cell_installs_from_the_declared_repository_without_pinning_widget
     assert "--no-deps" in src  # Colab's torch and ipywidgets stay as they are
 
 
+GIT_SAYS = {  # what git prints when a clone fails, by cause
+    "offline": "fatal: unable to access '{url}/': Could not resolve host: github.com",
+    "renamed": "remote: Repository not found.\nfatal: repository '{url}/' not found",
+    "private": "fatal: could not read Username for 'https://github.com': No such device or address",
+}
+
+
+def _setup_cell_on_colab(tmp_path, git=None):
+    """Run 00's setup cell as Colab would, before the package is installed: google.colab
+    imported, no amp_lessons to find (python -S: no site-packages), and a `git` that fails
+    the way ``git`` says (None: no git at all). pip is the real one; it installs into a
+    scratch folder, if ever it gets that far."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if git is not None:
+        said = GIT_SAYS[git].format(url=REPO_URL).replace("'", "'\\''")
+        (bin_dir / "git").write_text('#!/bin/sh\nif [ "$1" = version ]; then echo "git version 2.39.2"; exit 0; fi\n'
+                                    f"printf '%s\\n' '{said}' >&2\nexit 128\n")
+        (bin_dir / "git").chmod(0o755)
+    code = ("import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+            + first_code_cell(NOTEBOOKS[0]))
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PIP_TARGET": str(tmp_path / "target"),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("git, says", [
+    (None, "Git is not installed here: run `!apt-get install -y git`"),
+    ("offline", "This runtime cannot reach GitHub (offline?): reconnect it (Runtime > Reconnect)"),
+    ("renamed", f"{REPO_URL} was not found, or is private: open the lesson from the course's README"),
+    ("private", f"{REPO_URL} was not found, or is private"),
+])
+def test_a_failed_colab_install_says_what_to_do(tmp_path, git, says):
+    done = _setup_cell_on_colab(tmp_path, git)
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: The course package did not install. ") and says in last, done.stderr
+    assert "CalledProcessError" not in done.stderr
+    if git is not None:  # pip's own account is shown above the advice, git's line in it
+        assert "git clone" in done.stdout and GIT_SAYS[git].splitlines()[-1].format(url=REPO_URL) in done.stdout
+    assert not (tmp_path / "target").exists()
+
+
 def test_readme_links_every_lesson_in_colab():
     readme = (ROOT / "README.md").read_text()
     slug = REPO_URL.removeprefix("https://github.com/")
