@@ -20,7 +20,7 @@ LAB_DIR ?= lab
 # jupyter refuses to run as root (Docker, cloud GPU boxes) unless given --allow-root.
 ROOT_ARG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 # A job that cannot run here (its interpreter is missing) says so, and is listed again at the end.
-SKIPPED := $(abspath artifacts/skipped.txt)
+SKIPPED ?= $(abspath artifacts/skipped.txt)
 skip = mkdir -p $(dir $(SKIPPED)) && echo "!! SKIPPED $(1): $(2)" | tee -a $(SKIPPED)
 
 .SECONDEXPANSION:

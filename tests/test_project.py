@@ -1,5 +1,7 @@
 """The course as a learner meets it: the README's commands, the setup cell, the environments."""
 
+import importlib.util
+import json
 import os
 import re
 import secrets
@@ -91,6 +93,17 @@ def test_a_failed_colab_install_says_what_to_do(tmp_path, git, says):
     assert not (tmp_path / "target").exists()
 
 
+@pytest.mark.parametrize("how", ["amp-lessons", "python -m amp_lessons"])
+def test_help_names_the_command_it_was_run_by(how):
+    script = Path(sys.executable).parent / "amp-lessons"
+    if how == "amp-lessons" and not script.exists():
+        pytest.skip(f"no {script}: this environment did not install the package's command")
+    argv = [str(script)] if how == "amp-lessons" else [sys.executable, "-m", "amp_lessons"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    done = subprocess.run([*argv, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: {how} [-h]"), done.stdout + done.stderr
+
+
 def test_readme_links_every_lesson_in_colab():
     readme = (ROOT / "README.md").read_text()
     slug = REPO_URL.removeprefix("https://github.com/")
@@ -144,38 +157,67 @@ def test_no_lesson_stops_run_all(path):
     assert not errors and not tagged, f"code cells with an error output {errors}, tagged to raise {tagged}"
 
 
+@pytest.mark.parametrize("job, python", [("matrix-unit-colab", "PYTHON_COLAB"), ("matrix-lessons-newest", "PYTHON_NEWEST"),
+                                         ("test-colab", "PYTHON_COLAB")])
+def test_a_matrix_job_without_its_python_is_skipped_saying_so(tmp_path, job, python):
+    skipped = tmp_path / "skipped.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "-s", "--no-print-directory", job, f"{python}=", f"SKIPPED={skipped}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    version = "3.12" if python == "PYTHON_COLAB" else "3.13"
+    line = f"!! SKIPPED {job}: no Python {version} here"
+    assert done.returncode == 0 and done.stdout.startswith(line), done.stdout + done.stderr
+    assert f"make {job} {python}=/path/to/python{version}" in done.stdout
+    assert skipped.read_text() == done.stdout
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _get(url, deadline, proc):
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.read().decode()
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise
+            time.sleep(1)
+
+
 @pytest.mark.skipif(not (Path(sys.prefix) / ".installed").exists() and not os.environ.get("CI"),
                     reason="make lab is checked where the Makefile built this environment")
-def test_make_lab_serves_the_first_lesson(tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None,
+                    reason="no JupyterLab in this environment (make lab installs the lab extra; Colab's has none)")
+def test_make_lab_serves_a_working_copy_of_the_lessons(tmp_path):
+    """As root too: make lab passes --allow-root itself (the arguments here do not)."""
     port, token = _free_port(), secrets.token_hex(16)
-    args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} --allow-root"
+    lab_dir = tmp_path / "lab"
+    stored = {p: p.read_bytes() for p in NOTEBOOKS}
+    args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token}"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
-    proc = subprocess.Popen(["make", "-s", "lab", f"VENV={sys.prefix}", f"LAB_ARGS={args}"], cwd=ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(["make", "-s", "lab", f"VENV={sys.prefix}", f"LAB_DIR={lab_dir}", f"LAB_ARGS={args}"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api/contents/00_start_here.ipynb?token={token}"
+    base, auth = f"http://127.0.0.1:{port}", f"?token={token}"
     try:
         deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    body = resp.read().decode()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(1)
+        body = _get(f"{base}/api/contents/00_start_here.ipynb{auth}", deadline, proc)
         assert '"name": "00_start_here.ipynb"' in body or '"name":"00_start_here.ipynb"' in body
         assert "seed_everything" in body
+        listing = json.loads(_get(f"{base}/api/contents{auth}", deadline, proc))
+        assert sorted(c["name"] for c in listing["content"]) == [p.name for p in NOTEBOOKS]  # each lesson once
+        page = _get(f"{base}/lab{auth}", deadline, proc)
+        config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+        assert config["news"] == {"disabled": True}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+    assert sorted(p.name for p in lab_dir.iterdir()) == [p.name for p in NOTEBOOKS]
+    assert {p: p.read_bytes() for p in NOTEBOOKS} == stored

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -19,7 +20,10 @@ def _doctor(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m amp_lessons", description=__doc__)
+    # the name it was run by: the installed `amp-lessons` command, or python -m amp_lessons
+    command = os.path.basename(sys.argv[0]).split(".")[0].removesuffix("-script")
+    parser = argparse.ArgumentParser(prog="amp-lessons" if command == "amp-lessons" else "python -m amp_lessons",
+                                     description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="what this machine can do, and the precision to use here")
     doctor.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1, mps")
