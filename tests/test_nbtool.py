@@ -106,12 +106,18 @@ def test_reset_outside_a_clone_says_where_the_stored_outputs_are(tmp_path, capsy
 
 def test_lab_copy_keeps_the_learners_copy_and_says_when_its_lesson_changed(tmp_path, capsys):
     (tmp_path / "notebooks").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[tool.jupytext]\nformats = "ipynb,py:percent"\n')  # the course's
     lesson = _lesson(tmp_path / "notebooks")
     lab = tmp_path / "lab"
     assert nbtool.lab_copy(lab, [lesson]) == 0
     copy = lab / lesson.name
-    assert sorted(p.name for p in lab.iterdir()) == [lesson.name]  # no .py pair: listed once
+    assert sorted(p.name for p in lab.iterdir()) == [".jupytext.toml", lesson.name]  # no .py pair
     assert "jupytext" not in nbformat.read(copy, as_version=4).metadata
+    from jupytext.config import find_jupytext_configuration_file, load_jupytext_configuration_file
+
+    found = find_jupytext_configuration_file(str(lab))  # what jupytext pairs a copy with: nothing
+    assert found == str(lab / ".jupytext.toml") and load_jupytext_configuration_file(found).formats == ["ipynb"]
+    assert find_jupytext_configuration_file(str(lesson.parent)) == str(tmp_path / "pyproject.toml")
     _save_a_run(copy)
     mine = copy.read_text()
     assert nbtool.lab_copy(lab, [lesson]) == 0 and copy.read_text() == mine  # a run in the copy stays

@@ -230,16 +230,23 @@ def reset(paths: list[Path]) -> int:
 
 
 COPIED_FROM = "copied_from"  # a lab copy's record of the lesson's code and prose when copied
+# In the working folder, jupytext pairs nothing: without this file it would take the pairing
+# of the course's pyproject.toml and save a .py beside each copy. (A dotfile: the lab hides it.)
+UNPAIRED = ("# The lessons' working copies (make lab): saved as .ipynb only, no .py pairs.\n"
+            'formats = "ipynb"\n')
 
 
 def lab_copy(lab_dir: Path, paths: list[Path]) -> int:
     """Copy each lesson missing from ``lab_dir`` there, without its jupytext pairing (so the
-    lab lists it once and saves no .py); say which copies predate a change to their lesson."""
+    lab lists it once and saves no .py: see :data:`UNPAIRED`); say which copies predate a
+    change to their lesson."""
     if paths and lab_dir.resolve() == paths[0].parent.resolve():
         print(f"opening the stored lessons in {lab_dir} themselves: a run saved there changes them "
               "(`make reset` puts their stored outputs back)")
         return 0
     lab_dir.mkdir(parents=True, exist_ok=True)
+    if not (lab_dir / ".jupytext.toml").exists():
+        (lab_dir / ".jupytext.toml").write_text(UNPAIRED)
     copied, stale = [], []
     for nb_path in paths:
         lesson = nbformat.read(nb_path, as_version=4)
