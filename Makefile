@@ -67,19 +67,22 @@ browser-lab:
 	AMP_LESSONS_BROWSER=1 $(BIN)/python -m pytest tests -m browser -q
 
 # --- other interpreters: Colab's, and the newest ---
-# Colab's setup: its Python (3.12), its torch (2.11 when the course was written) and the
-# ipywidgets it pins (7.7.1), without JupyterLab. The interpreters come from pyenv, or the PATH.
+# Colab's setup: its Python (3.12), its torch (2.11 when the course was written), the
+# ipywidgets it pins (7.7.1) and its classic Notebook (6.5; ipywidgets 7's widgetsnbextension
+# would take Notebook 7, which brings JupyterLab), without JupyterLab. The interpreters come
+# from pyenv, or the PATH.
 PYENV_ROOT ?= $(HOME)/.pyenv
 find-python = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python))),$(shell command -v python$(1) 2>/dev/null))
 PYTHON_COLAB ?= $(call find-python,3.12)
 PYTHON_NEWEST ?= $(call find-python,3.13)
 COLAB_TORCH ?= 2.11.0
 COLAB_WIDGETS ?= 7.7.1
+COLAB_NOTEBOOK ?= <7
 COLAB_VENV := .venv-colab
 $(COLAB_VENV)/.installed: pyproject.toml
 	test -x $(COLAB_VENV)/bin/python || $(PYTHON_COLAB) -m venv $(COLAB_VENV)
 	$(COLAB_VENV)/bin/python -m pip install --quiet "torch==$(COLAB_TORCH)"
-	$(COLAB_VENV)/bin/python -m pip install --quiet -e ".[dev]" "ipywidgets==$(COLAB_WIDGETS)"
+	$(COLAB_VENV)/bin/python -m pip install --quiet -e ".[dev]" "ipywidgets==$(COLAB_WIDGETS)" "notebook$(COLAB_NOTEBOOK)"
 	$(COLAB_VENV)/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('jupyterlab') is not None)" \
 		|| { echo "jupyterlab got into $(COLAB_VENV), which Colab does not have: a dependency pulls it in"; exit 1; }
 	touch $@
@@ -112,7 +115,7 @@ endif
 # claims-report` tabulates them (the evidence for each verdict's margin). The runs are
 # independent, so two go at a time (one torch thread each, except the 2-thread run). Every job
 # prints its wall time. The configurations of the unit tests and the lessons:
-#   colab        Python 3.12, torch $(COLAB_TORCH), ipywidgets $(COLAB_WIDGETS), no JupyterLab (.venv-colab)
+#   colab        Python 3.12, torch $(COLAB_TORCH), ipywidgets $(COLAB_WIDGETS), Notebook 6, no JupyterLab (.venv-colab)
 #   newest       Python 3.13, the newest torch pip can see, upgraded on every run (.venv-newest)
 #   X.Y.Z        $(PYTHON), each torch release of MATRIX_TORCH (.venv-torchX.Y)
 MATRIX_TORCH ?= 2.14.1
