@@ -117,8 +117,12 @@ endif
 # prints its wall time. The configurations of the unit tests and the lessons:
 #   colab        Python 3.12, torch $(COLAB_TORCH), ipywidgets $(COLAB_WIDGETS), Notebook 6, no JupyterLab (.venv-colab)
 #   newest       Python 3.13, the newest torch pip can see, upgraded on every run (.venv-newest)
-#   X.Y.Z        $(PYTHON), each torch release of MATRIX_TORCH (.venv-torchX.Y)
-MATRIX_TORCH ?= 2.14.1
+#   X.Y.Z        $(PYTHON), each torch release named in MATRIX_TORCH (.venv-torchX.Y), e.g.
+#                make test-matrix MATRIX_TORCH="2.12.1 2.14.1"
+# `make test` runs a third release (TORCH_SPEC; CI's is 2.13) on a third Python ($(PYTHON)).
+# A release more adds its venv (a CUDA build of torch, GBs) and two jobs of 3 to 4 minutes each
+# on CI's 2 cores, so CI names none.
+MATRIX_TORCH ?=
 MATRIX_CONFIGS := colab newest $(MATRIX_TORCH)
 CLAIMS := $(abspath artifacts/claims)
 matrix-env = AMP_LESSONS_CONFIG=$(1) AMP_LESSONS_CLAIMS_LOG=$(CLAIMS)/$(1).jsonl
