@@ -210,7 +210,7 @@ def _git_head_version(path: Path):
 def reset(paths: list[Path]) -> int:
     """Put back the stored outputs of each notebook whose outputs a run saved over, from git's
     HEAD, when its code and prose are HEAD's; leave an edited notebook alone, saying so."""
-    failed = 0
+    failed = done = 0
     for nb_path in paths:
         nb = nbformat.read(nb_path, as_version=4)
         if outputs_state(nb) == "stored":
@@ -226,6 +226,8 @@ def reset(paths: list[Path]) -> int:
         else:
             nbformat.write(head, nb_path)
             print(f"{nb_path}: stored outputs put back")
+            done += 1
+    print(f"{done} put back, {failed} left as they are, {len(paths) - done - failed} already held their stored outputs")
     return 1 if failed else 0
 
 
