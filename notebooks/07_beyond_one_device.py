@@ -30,13 +30,29 @@
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
 import importlib.util
+import shutil
 import subprocess
 import sys
 
 REPO = "https://github.com/amp-lessons/amp-lessons"
 if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
     # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+    pip = (subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"],
+                          capture_output=True, text=True) if shutil.which("git") else None)
+    if pip is None or pip.returncode:
+        said = "" if pip is None else pip.stdout + pip.stderr
+        print(said[-3000:])
+        if pip is None:
+            todo = "Git is not installed here: run `!apt-get install -y git` in a cell, then this one again."
+        elif any(s in said for s in ("Could not resolve host", "Failed to connect", "Network is unreachable")):
+            todo = ("This runtime cannot reach GitHub (offline?): reconnect it (Runtime > Reconnect), "
+                    "then run this cell again.")
+        elif any(s in said for s in ("not found", "could not read Username", "Authentication failed")):
+            todo = (f"{REPO} was not found, or is private: open the lesson from the course's README "
+                    "('Open in Colab'), or set REPO above to the course's new address.")
+        else:
+            todo = "pip's message is above; run this cell again, and if it fails the same way, report that message."
+        raise RuntimeError(f"The course package did not install. {todo}") from None
 
 import torch
 
@@ -186,10 +202,11 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
 # is reduce-scattered? Which dtype does the gradient end up in?
 
 # %%
-POLICIES = {"(fp32)": (None, None), "(bf16, fp32)": ("bf16", "fp32"), "(bf16, None)": ("bf16", None),
+POLICIES = {"(fp32)": (None, None), "(bf16, fp32)": ("bf16", "fp32"), "(bf16, bf16)": ("bf16", "bf16"),
             "(fp16, fp32)": ("fp16", "fp32")}
 fsdp = D.launch([D.fsdp_job(name, p, r, steps=30) for name, (p, r) in POLICIES.items()]
-                + [D.fsdp_job("exercise", "fp16", None, steps=1)], device=DEVICE)
+                + [D.fsdp_job("(bf16, None)", "bf16", None, steps=1), D.fsdp_job("exercise", "fp16", None, steps=1)],
+                device=DEVICE)
 print(D.policy_table(fsdp, POLICIES))
 
 # %% [markdown]
@@ -198,10 +215,29 @@ print(D.policy_table(fsdp, POLICIES))
 # - The **sharded parameter** is always float32. It holds the master weights that AdamW
 #   updates, whatever the policy.
 # - **In forward**, and **all-gathered**, the parameter is in `param_dtype`.
-# - The **reduce-scatter** runs in `reduce_dtype`. Left at None, it runs in the gradients' own
-#   dtype, which is `param_dtype`.
+# - The **reduce-scatter** runs in `reduce_dtype`.
 # - The **gradient** that lands in the sharded parameter is float32 again, for the optimizer.
 #
+# And `(bf16, None)`, with reduce_dtype left at None? The answer depends on the torch
+# release: torch 2.15 changed the default (the `reduce_dtype` docstring says so, in
+# `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`). Both defaults, and a check that this
+# release's run did what its default says:
+
+# %%
+print(D.reduce_none_defaults("bf16"))
+seen = D.policy_stages(fsdp["(bf16, None)"][0])["reduce_scatter"]
+check("(bf16, None) reduce-scattered in the dtype this torch release's default names",
+      seen == D.reduce_dtype_when_none("bf16"))
+
+# %% [markdown]
+# The `(bf16, None)` row from this run, which differs between releases:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"torch {torch.__version__}:")
+print(D.policy_table(fsdp, ["(bf16, None)"]))
+
+# %% [markdown]
 # **Predict:** how many bytes does a bf16 all-gather send, next to a float32 one? And a
 # float32 reduce-scatter, next to a bf16 one? Here is what rank 0 sent in one step:
 
@@ -283,16 +319,16 @@ print(f"bf16: {D.ring_sum(values, torch.bfloat16).item()}   "
 
 # %% [markdown]
 # Now the loss curves from the policy run above: bf16 compute in both, reduced in bf16
-# `(bf16, None)` or in float32 `(bf16, fp32)`. **Predict:** with 2 ranks, how far apart do
+# `(bf16, bf16)` or in float32 `(bf16, fp32)`. **Predict:** with 2 ranks, how far apart do
 # they end?
 
 # %%
 from amp_lessons.plots import loss_curves
 
-ends = {name: fsdp[name][0]["steps"][-1]["loss"] for name in ("(bf16, fp32)", "(bf16, None)")}
+ends = {name: fsdp[name][0]["steps"][-1]["loss"] for name in ("(bf16, fp32)", "(bf16, bf16)")}
 print("final loss: " + ", ".join(f"{name} {measured(v, '.3f')}" for name, v in ends.items()))
 between("with 2 ranks, reducing in bf16 ends within 5% of reducing in float32",
-        ends["(bf16, None)"] / ends["(bf16, fp32)"], 0.95, 1.05)
+        ends["(bf16, bf16)"] / ends["(bf16, fp32)"], 0.95, 1.05)
 
 # %%
 loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends})
@@ -452,8 +488,8 @@ with expect_error(D.BackendUnavailableError):
 #   4 bytes per parameter. A compress hook halves the bytes handed to the all-reduce and
 #   rounds every gradient.
 # - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and the gradients in float32. It
-#   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`, which
-#   means `param_dtype` when left at None.
+#   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`. Left
+#   at None, that is `param_dtype` before torch 2.15 and the parameters' float32 from 2.15 on.
 # - Reduce in float32. A 16-bit sum drops small contributions (bf16) or overflows (fp16), and
 #   its error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
@@ -465,8 +501,9 @@ with expect_error(D.BackendUnavailableError):
 #
 # ## Watch out
 #
-# - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16. Set
-#   `reduce_dtype=torch.float32`.
+# - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16 before
+#   torch 2.15 and in float32 from 2.15 on. Set `reduce_dtype=torch.float32`: the same on
+#   every release.
 # - FSDP2's policy is not autocast: every op of a sharded module runs in `param_dtype`.
 #   `logits.float()` or `output_dtype=torch.float32` makes the loss float32, not the
 #   softmaxes inside the model.

@@ -87,6 +87,15 @@ def test_memory_errors_say_what_is_wrong():
         D.memory_per_rank(10, "FSDP2 (fp32)", 3)
 
 
+def test_reduce_dtype_none_follows_the_torch_release():
+    assert D.torch_release("2.15.0+cu132") == (2, 15) and D.torch_release("2.16.0a0+git1234") == (2, 16)
+    assert D.torch_release("2.9.1") == (2, 9) and D.torch_release() == tuple(int(x) for x in torch.__version__.split(".")[:2])
+    assert [D.reduce_dtype_when_none(p, "2.14.1") for p in ("bf16", "fp16", None)] == ["bfloat16", "float16", "float32"]
+    assert [D.reduce_dtype_when_none(p, "2.15.0") for p in ("bf16", "fp16", None)] == ["float32"] * 3
+    text = D.reduce_none_defaults("bf16")
+    assert "before torch 2.15: param_dtype, bfloat16" in text and "from torch 2.15 on: the parameters' own dtype, float32" in text
+
+
 def test_ring_sum_loses_small_contributions_in_bf16_only():
     values = [torch.tensor(1.0)] + [torch.tensor(1e-3)] * 63
     assert D.ring_sum(values, torch.bfloat16).item() == 1.0
@@ -169,7 +178,7 @@ def test_policy_exercise_checker():
     wrong = dict(right, reduce_scatter="fp32", op="avg")
     verdict = check_policy_prediction(wrong, record)
     assert not verdict.passed
-    assert any("reduce_scatter: not fp32" in f and "gradients' own dtype" in f for f in verdict.findings)
+    assert any("reduce_scatter: not fp32" in f and "param_dtype before torch 2.15" in f for f in verdict.findings)
     assert any(f.startswith("op: not 'avg'") for f in verdict.findings)
     empty = check_policy_prediction(dict.fromkeys(right), record)
     assert not empty.passed and "no answer yet" in str(empty)
@@ -233,8 +242,11 @@ def test_fsdp_dtypes_follow_the_policy(run):
     table = {name: D.policy_stages(run[name][0]) for name in ("(bf16, fp32)", "(bf16, None)", "(fp16, None)")}
     assert table["(bf16, fp32)"] == {"sharded": "float32", "forward": "bfloat16", "all_gather": "bfloat16",
                                      "reduce_scatter": "float32", "op": "avg", "gradient": "float32"}
-    assert table["(bf16, None)"]["reduce_scatter"] == "bfloat16"
-    assert table["(fp16, None)"]["reduce_scatter"] == "float16" and table["(fp16, None)"]["op"] == "sum"
+    # reduce_dtype=None: param_dtype before torch 2.15, the parameters' float32 from 2.15 on
+    assert table["(bf16, None)"]["reduce_scatter"] == D.reduce_dtype_when_none("bf16")
+    fp16_default = D.reduce_dtype_when_none("fp16")
+    assert table["(fp16, None)"]["reduce_scatter"] == fp16_default
+    assert table["(fp16, None)"]["op"] == ("sum" if fp16_default == "float16" else "avg")  # fp16 pre-divides
     rec = run["(bf16, fp32)"][0]
     assert rec["sharded"]["type"] == "DTensor Shard(0)" and rec["forward"]["type"] == "plain tensor"
     assert rec["sharded"]["local_shape"] == [32, 64] and rec["sharded"]["shape"] == [64, 64]
@@ -244,10 +256,11 @@ def test_fsdp_dtypes_follow_the_policy(run):
 
 @pytest.mark.distributed
 def test_fsdp_bytes_per_step_follow_the_dtypes(run):
-    fp32_reduce, bf16_reduce = run["(bf16, fp32)"][0], run["(bf16, None)"][0]
+    fp32_reduce, none_reduce = run["(bf16, fp32)"][0], run["(bf16, None)"][0]
     n = fp32_reduce["n_params"]
-    assert fp32_reduce["reduce"]["sent_bytes"] == 4 * n == 2 * bf16_reduce["reduce"]["sent_bytes"]
-    assert fp32_reduce["gather"]["sent_bytes"] == bf16_reduce["gather"]["sent_bytes"]
+    width = {"float32": 4, "bfloat16": 2}[D.reduce_dtype_when_none("bf16")]
+    assert fp32_reduce["reduce"]["sent_bytes"] == 4 * n and none_reduce["reduce"]["sent_bytes"] == width * n
+    assert fp32_reduce["gather"]["sent_bytes"] == none_reduce["gather"]["sent_bytes"]
     shard_bytes = n // 2 * 2  # each all-gather sends this rank's shard: n / 2 parameters in bf16
     assert fp32_reduce["gather"]["sent_bytes"] in (shard_bytes, 2 * shard_bytes)  # forward (+ backward)
     assert "reduce-scatters 35,880 bytes (float32)" in D.comm_bytes(run, ["(bf16, fp32)"])

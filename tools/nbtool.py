@@ -4,7 +4,17 @@
         sync each .py/.ipynb pair (the newer side wins), run the notebook top to bottom in
         a fresh kernel, store its outputs, and write the .py pair again.
     python tools/nbtool.py check-pairs notebooks/*.ipynb
-        fail when a notebook's code or prose differs from its jupytext .py pair.
+        fail when a notebook's code or prose differs from its jupytext .py pair, or when its
+        outputs are not the ones `execute` stored (a run in JupyterLab saved over them).
+    python tools/nbtool.py reset notebooks/*.ipynb
+        put back the stored outputs (from git's HEAD) of each notebook a run saved over;
+        a notebook whose code or prose was edited is left alone, saying so.
+    python tools/nbtool.py stamp notebooks/*.ipynb
+        record a notebook's outputs as its stored ones: for outputs `execute` made elsewhere
+        (another checkout, a merge), never for a run in JupyterLab.
+    python tools/nbtool.py lab-copy lab notebooks/*.ipynb
+        copy each lesson missing from the working folder ``lab`` (make lab opens that
+        folder), without the jupytext pairing; say which copies are older than their lesson.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,6 +86,7 @@ def execute(nb_path: Path, timeout: int = 600) -> float:
         if cell.cell_type == "code":
             cell.outputs = merged_streams(cell.outputs)
     nb = stable_widget_ids(nb, nb_path.stem)
+    stamp(nb)
     nbformat.write(nb, nb_path)
     jupytext.write(nb, _pair(nb_path), fmt=FMT)
     return seconds
@@ -132,28 +144,152 @@ def _inputs(nb) -> list[tuple[str, str]]:
     return [(c.cell_type, c.source.strip()) for c in nb.cells]
 
 
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def outputs_digest(nb) -> str:
+    """A digest of every code cell's outputs and the widget state they show."""
+    outputs = [c.get("outputs", []) for c in nb.cells if c.cell_type == "code"]
+    return _digest([outputs, nb.metadata.get("widgets", {})])
+
+
+def stamp(nb) -> None:
+    """Record ``nb``'s outputs as its stored ones (``metadata.amp_lessons.outputs``)."""
+    nb.metadata.setdefault("amp_lessons", {})["outputs"] = outputs_digest(nb)
+
+
+def outputs_state(nb) -> str:
+    """``"stored"``: the outputs are the ones `execute` stored; ``"run"``: something else saved
+    over them (a run in JupyterLab, a cleared notebook); ``"unstamped"``: no record."""
+    recorded = nb.metadata.get("amp_lessons", {}).get("outputs")
+    if recorded is None:
+        return "unstamped"
+    return "stored" if recorded == outputs_digest(nb) else "run"
+
+
 def check_pairs(paths: list[Path]) -> int:
-    bad = 0
+    """The .ipynb and .py of each lesson have the same code and prose, and the .ipynb holds
+    the outputs `execute` stored: nbval compares a lesson's run with those, so a learner's
+    run saved over them would be compared with itself."""
+    bad = ran = 0
     for nb_path in paths:
         py = _pair(nb_path)
         if not py.exists():
             print(f"{nb_path}: no jupytext pair {py.name}; run `make notebooks`")
             bad += 1
             continue
-        if _inputs(nbformat.read(nb_path, as_version=4)) != _inputs(jupytext.read(py, fmt=FMT)):
+        nb = nbformat.read(nb_path, as_version=4)
+        if _inputs(nb) != _inputs(jupytext.read(py, fmt=FMT)):
             print(f"{nb_path}: differs from {py.name}; run `make notebooks` (or jupytext --sync)")
             bad += 1
-    print(f"{len(paths) - bad} pairs in sync, {bad} out of sync")
-    return 1 if bad else 0
+        state = outputs_state(nb)
+        if state != "stored":
+            what = ("its outputs were saved by a run (in JupyterLab, or cleared), not stored by "
+                    "`make notebooks`" if state == "run" else "it has no record of its stored outputs")
+            print(f"{nb_path}: {what}. `make reset` puts the stored outputs back (when its code and "
+                  f"prose are unchanged); `make notebooks NB={nb_path}` stores a fresh run")
+            ran += 1
+    print(f"{len(paths) - bad} pairs in sync, {bad} out of sync; "
+          f"{len(paths) - ran} with their stored outputs, {ran} without")
+    return 1 if bad or ran else 0
+
+
+def _git_head_version(path: Path):
+    """The notebook at ``path`` as git's HEAD has it, or a sentence saying why there is none."""
+    try:
+        shown = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=path.parent,
+                               capture_output=True, text=True)
+    except FileNotFoundError:
+        return "git is not installed"
+    if shown.returncode:
+        return f"git has no stored copy ({shown.stderr.strip().splitlines()[-1] if shown.stderr.strip() else 'not a clone'})"
+    return nbformat.reads(shown.stdout, as_version=4)
+
+
+def reset(paths: list[Path]) -> int:
+    """Put back the stored outputs of each notebook whose outputs a run saved over, from git's
+    HEAD, when its code and prose are HEAD's; leave an edited notebook alone, saying so."""
+    failed = done = 0
+    for nb_path in paths:
+        nb = nbformat.read(nb_path, as_version=4)
+        if outputs_state(nb) == "stored":
+            continue
+        head = _git_head_version(nb_path)
+        if isinstance(head, str):
+            print(f"{nb_path}: not reset: {head}; download the lesson again to get its stored outputs")
+            failed += 1
+        elif _inputs(head) != _inputs(nb):
+            print(f"{nb_path}: not reset: its code or prose was edited (`git diff {nb_path}` shows how); "
+                  f"`git checkout -- {nb_path} {_pair(nb_path)}` drops the edit")
+            failed += 1
+        else:
+            nbformat.write(head, nb_path)
+            print(f"{nb_path}: stored outputs put back")
+            done += 1
+    print(f"{done} put back, {failed} left as they are, {len(paths) - done - failed} already held their stored outputs")
+    return 1 if failed else 0
+
+
+COPIED_FROM = "copied_from"  # a lab copy's record of the lesson's code and prose when copied
+# In the working folder, jupytext pairs nothing: without this file it would take the pairing
+# of the course's pyproject.toml and save a .py beside each copy. (A dotfile: the lab hides it.)
+UNPAIRED = ("# The lessons' working copies (make lab): saved as .ipynb only, no .py pairs.\n"
+            'formats = "ipynb"\n')
+
+
+def lab_copy(lab_dir: Path, paths: list[Path]) -> int:
+    """Copy each lesson missing from ``lab_dir`` there, without its jupytext pairing (so the
+    lab lists it once and saves no .py: see :data:`UNPAIRED`); say which copies predate a
+    change to their lesson."""
+    if paths and lab_dir.resolve() == paths[0].parent.resolve():
+        print(f"opening the stored lessons in {lab_dir} themselves: a run saved there changes them "
+              "(`make reset` puts their stored outputs back)")
+        return 0
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    if not (lab_dir / ".jupytext.toml").exists():
+        (lab_dir / ".jupytext.toml").write_text(UNPAIRED)
+    copied, stale = [], []
+    for nb_path in paths:
+        lesson = nbformat.read(nb_path, as_version=4)
+        digest = _digest(_inputs(lesson))
+        dest = lab_dir / nb_path.name
+        if dest.exists():
+            mine = nbformat.read(dest, as_version=4)
+            if mine.metadata.get("amp_lessons", {}).get(COPIED_FROM) != digest:
+                stale.append(dest)
+            continue
+        lesson.metadata.pop("jupytext", None)
+        lesson.metadata["amp_lessons"] = {COPIED_FROM: digest}
+        nbformat.write(lesson, dest)
+        copied.append(dest.name)
+    if copied:
+        print(f"copied {len(copied)} lesson(s) into {lab_dir}/, your working copy: {', '.join(copied)}")
+    for dest in stale:
+        print(f"{dest}: the lesson changed since you copied it; to take the new one, delete "
+              f"{dest} (your runs and notes in it go) and run make lab again")
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 1 or argv[0] not in ("execute", "check-pairs"):
+    commands = ("execute", "check-pairs", "reset", "stamp", "lab-copy")
+    if len(argv) < 1 or argv[0] not in commands or (argv[0] == "lab-copy" and len(argv) < 2):
         print(__doc__)
         return 2
+    if argv[0] == "lab-copy":
+        return lab_copy(Path(argv[1]), [Path(p) for p in argv[2:]])
     paths = [Path(p) for p in argv[1:]]
     if argv[0] == "check-pairs":
         return check_pairs(paths)
+    if argv[0] == "reset":
+        return reset(paths)
+    if argv[0] == "stamp":
+        for p in paths:
+            nb = nbformat.read(p, as_version=4)
+            stamp(nb)
+            nbformat.write(nb, p)
+            print(f"{p}: its outputs recorded as the stored ones")
+        return 0
     for p in paths:
         print(f"{p}: executed in {execute(p):.1f} s", flush=True)
     return 0

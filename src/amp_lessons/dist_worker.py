@@ -66,7 +66,7 @@ def fsdp2():
             )
         except ImportError as err:
             raise RuntimeError(f"FSDP2 (fully_shard) is not in torch {torch.__version__}; lesson 07 "
-                               "needs torch >= 2.6 (the course is checked on 2.11 to 2.14)") from err
+                               "needs torch >= 2.6 (the course is checked on 2.11 and newer)") from err
     if not hasattr(FSDPModule, "set_custom_reduce_scatter"):
         raise RuntimeError(f"torch {torch.__version__}'s FSDP2 has no set_custom_reduce_scatter, which "
                            "lesson 07 uses to see what is reduce-scattered; use torch >= 2.11")

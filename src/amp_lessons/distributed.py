@@ -577,6 +577,40 @@ def policy_label(record: dict) -> str:
     return "(fp32)" if p is None and r is None else f"({p or 'fp32'}, {r})"
 
 
+# torch 2.15 changed what MixedPrecisionPolicy(reduce_dtype=None) reduces in: the
+# "versionchanged:: 2.15" note of reduce_dtype's docstring in
+# torch/distributed/fsdp/_fully_shard/_fsdp_api.py.
+REDUCE_NONE_CHANGED = (2, 15)
+DTYPE_NAMES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_release(version: str | None = None) -> tuple[int, int]:
+    """``(2, 15)`` for ``"2.15.0+cu132"`` or ``"2.15.0a0+git..."``; this torch's by default."""
+    version = str(version or torch.__version__)
+    major, minor, *_ = version.split("+")[0].split(".")
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def reduce_dtype_when_none(param_dtype, version: str | None = None) -> str:
+    """The dtype FSDP2 reduce-scatters float32 parameters' gradients in under
+    ``MixedPrecisionPolicy(param_dtype, reduce_dtype=None)`` on torch ``version`` (this one by
+    default): ``param_dtype`` before 2.15, the parameters' own float32 from 2.15 on (see
+    :data:`REDUCE_NONE_CHANGED`). Used in 07_beyond_one_device and :func:`selfcheck`."""
+    if param_dtype is None or torch_release(version) >= REDUCE_NONE_CHANGED:
+        return "float32"
+    return DTYPE_NAMES[parse_precision(param_dtype)]
+
+
+def reduce_none_defaults(param_dtype="bf16") -> str:
+    """Both defaults of ``reduce_dtype=None``, by torch release, for lesson 07."""
+    since = ".".join(map(str, REDUCE_NONE_CHANGED))
+    old, new = (reduce_dtype_when_none(param_dtype, v) for v in ("2.14", since))
+    return "\n".join([
+        f"MixedPrecisionPolicy(param_dtype={param_dtype}, reduce_dtype=None) reduce-scatters in:",
+        f"  before torch {since}: param_dtype, {old}",
+        f"  from torch {since} on: the parameters' own dtype, {new} (reduce_dtype={param_dtype} keeps the old way)"])
+
+
 def policy_stages(record: dict) -> dict:
     """One FSDP2 record's dtypes at each stage: sharded parameter, parameter in forward,
     all-gathered, reduce-scattered (what was sent, or the reduce buffer with one rank),
@@ -764,7 +798,7 @@ def selfcheck(device=None) -> list:
             fsdp_job("reduce fp32", low, "fp32", steps=2), fsdp_job("reduce none", low, None, steps=2),
             fsdp_job("scaler", "fp16", "fp32", steps=3, scaler="sharded", inf_at=(nproc - 1, 1))]
     run = launch(jobs, nproc=nproc, device=dev.type)
-    wanted = "bfloat16" if low == "bf16" else "float16"
+    wanted = DTYPE_NAMES[low]
     where = f"{run.backend}, {run.world_size} rank(s) on {run.device}"
     ddp = run["ddp"][0]
     out = [check(f"{nproc} rank(s) ran and reported ranks 0..{nproc - 1} ({where})",
@@ -773,7 +807,7 @@ def selfcheck(device=None) -> list:
            check(f"DDP under {low} autocast all-reduces float32 buckets and keeps float32 grads ({where})",
                  ddp["bucket"] == ["float32"] and ddp["sent"] == ["float32"] and ddp["grad"]["dtype"] == "float32",
                  f"bucket {ddp['bucket']}, sent {ddp['sent']}, grads {ddp['grad']['dtype']}")]
-    for name, reduce in (("reduce fp32", "float32"), ("reduce none", wanted)):
+    for name, reduce in (("reduce fp32", "float32"), ("reduce none", reduce_dtype_when_none(low))):
         s = policy_stages(run[name][0])
         out.append(check(f"FSDP2 ({low}, {name.split()[1]}): sharded float32, forward {wanted}, reduced in "
                          f"{reduce}, grads float32 ({where})",

@@ -849,6 +849,6 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
 _POLICY_HINTS = {
     "sharded": ": AdamW updates it, whatever param_dtype is",
     "forward": ": FSDP2 casts the shard to param_dtype before gathering it",
-    "reduce_scatter": ": reduce_dtype=None means the gradients' own dtype",
+    "reduce_scatter": ": reduce_dtype=None means param_dtype before torch 2.15, the parameters' float32 from 2.15 on",
     "gradient": ": the optimizer steps the sharded parameter with it",
 }
