@@ -95,7 +95,7 @@ import sys
 
 REPO = "https://github.com/amp-lessons/amp-lessons"
 if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
-    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
+    # --no-deps: the runtime's own torch and ipywidgets stay as they are.
     pip = (subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"],
                           capture_output=True, text=True) if shutil.which("git") else None)
     if pip is None or pip.returncode:

@@ -41,13 +41,29 @@
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
 import importlib.util
+import shutil
 import subprocess
 import sys
 
 REPO = "https://github.com/amp-lessons/amp-lessons"
 if "google.colab" in sys.modules and importlib.util.find_spec("amp_lessons") is None:
-    # Colab already has torch, numpy, matplotlib, ipywidgets 7.7.1, tqdm and scikit-learn.
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"], check=True)
+    # --no-deps: the runtime's own torch and ipywidgets stay as they are.
+    pip = (subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO}"],
+                          capture_output=True, text=True) if shutil.which("git") else None)
+    if pip is None or pip.returncode:
+        said = "" if pip is None else pip.stdout + pip.stderr
+        print(said[-3000:])
+        if pip is None:
+            todo = "Git is not installed here: run `!apt-get install -y git` in a cell, then this one again."
+        elif any(s in said for s in ("Could not resolve host", "Failed to connect", "Network is unreachable")):
+            todo = ("This runtime cannot reach GitHub (offline?): reconnect it (Runtime > Reconnect), "
+                    "then run this cell again.")
+        elif any(s in said for s in ("not found", "could not read Username", "Authentication failed")):
+            todo = (f"{REPO} was not found, or is private: open the lesson from the course's README "
+                    "('Open in Colab'), or set REPO above to the course's new address.")
+        else:
+            todo = "pip's message is above; run this cell again, and if it fails the same way, report that message."
+        raise RuntimeError(f"The course package did not install. {todo}") from None
 
 import torch
 
