@@ -160,9 +160,15 @@ def test_lesson_figures_have_titles_from_the_data():
     assert "activations 0." in fig._suptitle.get_text()
     mm = bench.run_bench(("mlp",), ("fp32", "bf16"), "cpu", {"mlp": bench.Sizes(16, 1, 4)},
                          warmup=0, repeats=1, matmul_sizes=(16, 32))
-    assert "bf16" in plots.matmul_rates(mm).axes[0].get_title()
+    title = plots.matmul_rates(mm).axes[0].get_title()
+    assert "bf16" in title and "best matmul rate vs fp32's best" in title  # the ratio the reasons print
     fig = plots.lost_updates([1e-1, 1e-2, 1e-3], {"fp32 master": [0, 0, 0.01], "model.half()": [0.1, 0.5, 0.9]})
     assert "model.half() loses 50%" in fig.axes[0].get_title()
+    fig = plots.lost_updates([1e-1, 1e-2, 1e-3], {"fp32 master": [0, 0, 0.01], "model.half()": [0.1, 0.5, 0.9]},
+                             at_lr=1e-3)
+    assert "lr=0.001: model.half() loses 90%" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="not one of the learning rates plotted"):
+        plots.lost_updates([1e-1, 1e-2], {"fp32 master": [0, 0], "model.half()": [0, 0]}, at_lr=3e-3)
     assert all(ax.get_ylabel() for f in (fig,) for ax in f.axes)
 
 

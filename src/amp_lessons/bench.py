@@ -690,7 +690,8 @@ def _matmul_reason(name, mine, fp32, ratio) -> str:
         return text + f": {name} matmuls are slower than fp32's here"
     if ratio <= 1.1:
         return text + ": about fp32's speed, so 16-bit matmuls gain nothing here"
-    return text + ": the most any step can gain from 16-bit matmuls"
+    return text + (": a ratio of best sizes, not a ceiling: a step's own matmuls run at their shapes' "
+                   "rates, which the breakdown measures")
 
 
 def _share_reason(label, share, profiled, name, ratio) -> str:
