@@ -179,9 +179,15 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
 # %%
 running, by_layer, seen = ["block"], {}, set()
 weights = {w.data_ptr() for w in block.parameters()}
+
+
+def left(module, args, output):
+    running.pop()  # and return None, so the layer's output stays as it is
+
+
 hooks = [h for name, m in block.named_children()
          for h in (m.register_forward_pre_hook(lambda m, a, name=name: running.append(name)),
-                   m.register_forward_hook(lambda m, a, o: running.pop()))]
+                   m.register_forward_hook(left))]
 
 
 def note(t):
@@ -306,8 +312,8 @@ plots.matmul_rates(b)
 #   units** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply
 #   16-bit matrices several times faster than float32: the card's 2-3x comes from them.
 #   A CPU with **AVX512-BF16** but no AMX runs bf16 dot products on its vector units; how
-#   much faster than float32 that is, the matmul block measures (on the CPU of the stored
-#   outputs, about 2x at the best sizes). Without either, bf16 math is converted in software.
+#   much faster than float32 that is, the matmul block measures (the reasons above print
+#   it). Without either, bf16 math is converted in software.
 #   fp16 on a CPU is as fast as the kernel the torch build has for it.
 # - **Amdahl's law estimates the gain**: with a matmul share *f* of the fp32 step and
 #   matmuls *r* times faster, 1 / ((1 - f) + f / r), if nothing else changed. It is no cap:
