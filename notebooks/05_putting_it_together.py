@@ -291,9 +291,11 @@ print(benchcli.table(b, breakdown=False))
 # NBVAL_IGNORE_OUTPUT
 digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
 for p in [p for p in result.runs if p != "fp32"]:
-    print(f"\ndigits MLP: {bench.speed_verdict(result.speedup(p), p)}")
+    print(f"digits MLP: {bench.speed_verdict(result.speedup(p), p)}")
     print(f"bench MLP:  {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
-    print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate)))
+    print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate, with_shares=False)))
+print("And for both steps:")
+print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate)))
 
 # %% [markdown]
 # The memory column of the same table does not move from run to run. The larger MLP's

@@ -190,6 +190,11 @@ def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
     assert not any("AMX" in r for r in fp16)  # the fp16 wording never borrows bf16's hardware
     assert any("0.01x: this device has no fast fp16 matmul kernel" in r for r in fp16)
     assert any("the step can only lose" in r for r in fp16)
+    # lesson 05 prints each step's share once, with every precision's Amdahl figure on it
+    assert not any("the bench mlp" in r for r in bench.speed_reasons(result, "bf16", with_shares=False))
+    (once,) = bench.share_reasons(result, ["fp32", "bf16", "fp16"])
+    assert "34% of fp32's peak rate" in once and "bf16 (3.10x) 1.30x, fp16 (0.01x)" in once
+    assert "infinitely fast matmuls: 1.52x" in once
     # a profiled share wins over the rate estimate; a lesson's own step rate is read too
     cats = dict.fromkeys(bench.bd.CATEGORIES, 0.0)
     result.breakdowns = [bench.bd.Breakdown("mlp", "fp32", {**cats, "forward matmuls": 35.0,
