@@ -174,8 +174,7 @@ for p in result.runs:
                       result.memory_ratio(p), 0.45, 0.55, ".2f"))
 
 # %% [markdown]
-# That holds for these MLPs, whose saved tensors are almost all matmul inputs. A model with
-# ops on autocast's float32 list keeps those ops' saved tensors in float32. Lesson 02's
+# That holds for these MLPs, whose saved tensors are almost all matmul inputs. Lesson 02's
 # `TransformerBlock` (layer norms, softmax attention, GELU), for one batch of 8 sequences of
 # 16 tokens, under this device's autocast lists (CUDA's differ, lesson 02):
 
@@ -188,6 +187,48 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
     kept = saved_memory(block, tokens, precision=p)
     print(f"{p}: the block keeps {kept.activation_bytes / block_fp32:.2f} of fp32's activation bytes, "
           f"{kept.by_dtype.get('float32', 0) / kept.activation_bytes:.0%} of them float32")
+
+# %% [markdown]
+# Which layers save those float32 bytes? The same hook, now noting which of the block's
+# layers was running when each activation was saved (the weights left out):
+
+# %%
+running, by_layer, seen = ["block"], {}, set()
+weights = {w.data_ptr() for w in block.parameters()}
+
+
+def left(module, args, output):
+    running.pop()  # and return None, so the layer's output stays as it is
+
+
+hooks = [h for name, m in block.named_children()
+         for h in (m.register_forward_pre_hook(lambda m, a, name=name: running.append(name)),
+                   m.register_forward_hook(left))]
+
+
+def note(t):
+    if t.data_ptr() not in weights | seen:
+        seen.add(t.data_ptr())
+        by_layer[running[-1], str(t.dtype)] = by_layer.get((running[-1], str(t.dtype)), 0) + t.nbytes
+    return t
+
+
+low16 = next(p for p in result.runs if p in ("bf16", "fp16"))
+with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t), torch.autocast(device.type, dtype=dtype_of(low16)):
+    out = block(tokens)
+for h in hooks:
+    h.remove()
+print(f"{low16}, saved activation bytes by layer and dtype:", dict(sorted(by_layer.items())))
+print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor plus a float32 one: "
+      f"{(torch.ones(1, dtype=dtype_of(low16)) + torch.ones(1)).dtype}")
+
+# %% [markdown]
+# The float32 bytes are the layer norms' (each saves its input and its per-token mean and
+# 1/std). They are float32 not because of an autocast list (on a CPU, `layer_norm` is on
+# none, lesson 02) but because of the residual stream: the block's input is float32, and
+# `x + attn(ln1(x))` adds a 16-bit result to it, which type promotion makes float32. So both
+# layer norms read float32 and save float32. On a GPU, where `layer_norm` is on the float32
+# list, it would save float32 even from a 16-bit input.
 
 # %% [markdown]
 # ### What a batch twice as large costs
@@ -241,7 +282,7 @@ print(cost.peak_line())
 #
 # The digits runs' median milliseconds per optimizer step, their speed against fp32
 # (above 1 is faster), and the matmul work they got done per second. Timings change from
-# run to run (the `≈`), and so does the larger bench below, which the tests do not compare:
+# run to run (the `≈`, here and in the bench below):
 
 # %%
 print(result.speed_table())
@@ -266,13 +307,15 @@ print(benchcli.table(b, breakdown=False))
 # NBVAL_IGNORE_OUTPUT
 digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
 for p in [p for p in result.runs if p != "fp32"]:
-    print(f"\ndigits MLP: {bench.speed_verdict(result.speedup(p), p)}")
+    print(f"digits MLP: {bench.speed_verdict(result.speedup(p), p)}")
     print(f"bench MLP:  {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
-    print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate)))
+    print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate, with_shares=False)))
+print("And for both steps:")
+print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate)))
 
 # %% [markdown]
-# The timings move from run to run; the memory column of the same table does not. The
-# larger MLP's activation bytes, against fp32:
+# The memory column of the same table does not move from run to run. The larger MLP's
+# activation bytes, against fp32:
 
 # %%
 {p: round(b.row("mlp", p).activation_ratio, 2) for p in runnable}
@@ -286,14 +329,16 @@ plots.matmul_rates(b)
 # - **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile
 #   units** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply
 #   16-bit matrices several times faster than float32: the card's 2-3x comes from them.
-#   Without them, 16-bit matmuls run on float32's vector units, and the reasons above read
-#   what this device's measured rates give.
-# - **Amdahl's law estimates the gain.** With a matmul share *f* of the fp32 step and
-#   matmuls *r* times faster, a step in which nothing else changed would gain
-#   1 / ((1 - f) + f / r). The reasons above compute it. It is no cap: the rest of the step changes too. Elementwise ops on 16-bit tensors
-#   move half the bytes and run faster where memory bandwidth limits them (NVIDIA's
-#   mixed-precision guide says so of GPUs; this CPU's are measured below); autocast's casts
-#   add work.
+#   A CPU with **AVX512-BF16** but no AMX runs bf16 dot products on its vector units; how
+#   much faster than float32 that is, the matmul block measures (the reasons above print
+#   it). Without either, bf16 math is converted in software.
+#   fp16 on a CPU is as fast as the kernel the torch build has for it.
+# - **Amdahl's law estimates the gain**: with a matmul share *f* of the fp32 step and
+#   matmuls *r* times faster, 1 / ((1 - f) + f / r), if nothing else changed. It is no cap:
+#   elementwise ops on 16-bit tensors move half the bytes and run faster where memory
+#   bandwidth limits them (NVIDIA's mixed-precision guide says so of GPUs; this CPU's are
+#   measured below), autocast's casts add work, and a step's own matmuls run at their
+#   shapes' rates, not at the best size's.
 #
 # `python -m amp_lessons bench` (or `make bench`) prints the same table from a terminal,
 # for an MLP and a transformer.
@@ -316,12 +361,9 @@ print("\n".join(benchcli.breakdown_lines(b, "mlp")))
 plots.step_breakdown(b, "mlp")
 
 # %% [markdown]
-# The lines under the table set each precision against Amdahl's law: with the fp32 step's
-# matmul share, at the best matmul rates the device reached, and at the rates the step's
-# own matmuls ran (their shapes are not the best size). The profiler adds a little time to
-# every op; the categories still account for each profiled step. The matmul share is the
-# *f* of Amdahl's law; the rest of the step (everything but the matmuls) is what a faster
-# matmul cannot touch:
+# The lines under the table put the matmul share *f* into Amdahl's law twice: at the best
+# sizes' ratio and at the ratio the step's own matmuls ran. The profiler adds a little time
+# to every op; the categories still account for each profiled step:
 
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
@@ -355,8 +397,9 @@ for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not No
 # as the lessons use it: `grad_stats=False` (the Trainer skips the per-step gradient
 # statistics lessons 01 and 03 read), then `AdamW(foreach=True)` and `AdamW(fused=True)`
 # (a few large kernels instead of a loop over tensors, where the device has them).
-# `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` (a minute or
-# more of compiling first; on a CPU it needs a C++ compiler).
+# `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` (its first step
+# compiles; on a CPU, torch.compile's default backend generates C++ and needs a C++ compiler,
+# which the bench looks for and names when it is missing).
 #
 # ## Master weights: why not `model.half()`?
 #
@@ -379,8 +422,9 @@ w16 = torch.tensor(0.05, dtype=torch.float16)
 (w16 - 1e-5 == w16).item(), (torch.tensor(0.05) - 1e-5 == torch.tensor(0.05)).item()
 
 # %% [markdown]
-# **Predict**: SGD with `lr=1e-3` multiplies gradients of about 1e-4 to 1e-2. What share
-# of the weights will one step leave unchanged, in float16? In float32?
+# **Predict**: SGD with `lr=1e-3` multiplies this model's gradients (their spread is printed
+# first below). What share of the weights will one step leave unchanged, in float16? In
+# float32?
 #
 # `lost_updates` takes the gradients of one batch on the fp32 model trained above, then
 # applies one optimizer step to float32 master weights and to a `.half()` copy. It counts
@@ -392,6 +436,10 @@ from amp_lessons.master import gradients, lost_fraction_by_lr, lost_updates
 
 trained = result.runs["fp32"].trainer.model
 grads = gradients(trained, x, y)
+magnitudes = torch.cat([g.abs().flatten() for g in grads]).double()
+magnitudes = magnitudes[magnitudes > 0]
+q10, q50, q90 = (torch.quantile(magnitudes, q).item() for q in (0.1, 0.5, 0.9))
+print(f"|gradient|: 10% below {measured(q10, '.0e')}, median {measured(q50, '.0e')}, 90% below {measured(q90, '.0e')}")
 lost = lost_updates(trained, grads, lr=1e-3, optimizer="sgd")
 for r in lost.values():
     print(r.line())
@@ -411,7 +459,7 @@ print(f"the model has {n_weights:,} weights; {measured(lost['fp32 master'].meant
 
 # %%
 lrs = [1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4]
-plots.lost_updates(lrs, lost_fraction_by_lr(trained, grads, lrs))
+plots.lost_updates(lrs, lost_fraction_by_lr(trained, grads, lrs), at_lr=1e-3)
 
 # %% [markdown]
 # With autocast, the forward pass runs in 16 bits but the optimizer adds each update to
@@ -435,15 +483,33 @@ for r in lost_updates(trained, grads, lr=1e-3, optimizer="adam").values():
     print(r.line())
 
 # %% [markdown]
+# That was Adam's default implementation (a for-loop or `foreach`, torch's choice for the
+# device). The fused one, `Adam(fused=True)`, takes the same step on the same `.half()`
+# weights:
+
+# %%
+halves = [w.detach().half().requires_grad_() for w in trained.parameters()]
+for w, g in zip(halves, grads):
+    w.grad = g.half()
+try:
+    torch.optim.Adam(halves, lr=1e-3, fused=True).step()
+    print("Adam(fused=True) on .half() weights: inf/NaN weights after one step:",
+          sum(int((~torch.isfinite(w)).sum()) for w in halves))
+except RuntimeError as err:
+    print(f"torch {torch.__version__} has no fused Adam for {device.type} half tensors: {str(err).splitlines()[0]}")
+
+# %% [markdown]
 # ## TF32: `set_float32_matmul_precision("high")`
 #
 # The card: *"lets float32 matmuls use TF32 tensor cores on NVIDIA GPUs, a near-free
 # speedup for code you do not convert."* TF32 is not a storage format: tensors stay
-# float32, but an Ampere-or-newer tensor core reads each matmul input with only 10 of
-# float32's 23 mantissa bits (lesson 01: PyTorch's notes say the rest are dropped; a
-# library may round instead). `tf32_error` rounds the inputs to 10 bits (round to nearest
-# even), so the precision cost shows on any device; on an NVIDIA GPU with TF32 it also
-# measures the real thing, and `make gpu-check` tells whether that GPU truncates or rounds.
+# float32, but an Ampere-or-newer tensor core multiplies each matmul input with only 10 of
+# float32's 23 mantissa bits (lesson 01: PyTorch's CUDA notes speak of rounding the inputs to
+# 10 bits, its numerical-accuracy notes of reading only the first 10 bits).
+# `tf32_error` rounds the inputs to 10 bits (round to nearest even), so the precision cost
+# shows on any device; on an NVIDIA GPU with TF32 it also measures the real thing.
+# `make gpu-check` includes a check of whether a GPU truncates or rounds; the stored
+# outputs come from a CPU, where it does not run.
 #
 # **Predict**: will TF32's error be closer to float32's or to bfloat16's?
 
@@ -457,21 +523,19 @@ print(err.table())
 # The exact errors depend on the machine's matmul kernels; their order does not:
 
 # %%
-from amp_lessons.formats import format_info
-
 print(check("float32's error < TF32's < bf16's", err.fp32 < err.tf32_emulated < err.bf16,
             f"{measured(err.fp32, '.1e')} < {measured(err.tf32_emulated, '.1e')} < {measured(err.bf16, '.1e')}"))
-print("tf32 rounded to nearest errs by at most 2^-11 of a value:", format_info("tf32").eps / 2 == 2.0**-11)
-print(check("'high' changes this device's float32 matmul exactly where TF32 exists",
-            err.high_changes_result == (why_not["tf32"] is None)))
+amx_fp16 = getattr(torch._C._cpu, "_get_cpu_capability", dict)().get("amx_fp16", False)  # torch's CPU probe
+tf32_path = amx_fp16 if device.type == "cpu" else why_not["tf32"] is None
+print(check("'high' changes this device's float32 matmul exactly where it has a TF32 path "
+            "(an NVIDIA GPU with TF32; a CPU with AMX-FP16, lesson 00)", err.high_changes_result == tf32_path))
 
 # %% [markdown]
-# TF32 is an NVIDIA tensor-core format. Yet `"high"` is not only a CUDA setting: in this
-# release it also asks oneDNN, the library behind many CPU matmuls, for TF32 math
-# (`torch.backends.mkldnn.matmul.fp32_precision`, since torch 2.9). To oneDNN that is a
-# permission, not an order ("implicit f32->tf32 conversions allowed"), taken where a CPU
-# and the oneDNN build have a faster kernel for it; the check above measured whether
-# `"high"` changed this device's float32 matmul. What the setting asks of each backend:
+# `"high"` is not only a CUDA setting: in this release it also asks oneDNN, the library
+# behind many CPU matmuls, for TF32 math (`torch.backends.mkldnn.matmul.fp32_precision`,
+# since torch 2.9), which torch hands to oneDNN only on x86 CPUs with AMX-FP16 (lesson 00).
+# To oneDNN that is a permission, not an order ("implicit f32->tf32 conversions allowed").
+# What the setting asks of each backend:
 
 # %%
 before = torch.get_float32_matmul_precision()
@@ -480,12 +544,18 @@ print({"cuda": torch.backends.cuda.matmul.fp32_precision, "mkldnn": torch.backen
 torch.set_float32_matmul_precision(before)
 
 # %% [markdown]
-# `"medium"` is another matter, and not the same one everywhere. On an
-# NVIDIA GPU it means TF32, exactly as `"high"` does: CUDA has no bf16 mode for float32
-# matmuls. On a CPU it lets oneDNN run float32 matmuls in bfloat16, where oneDNN has a bf16
-# kernel for that CPU (both set in `Context::setFloat32MatmulPrecision`,
-# aten/src/ATen/Context.cpp). **Predict** which error this device's float32 matmul has
-# under `"medium"`:
+# `"medium"` is another matter, and not the same one everywhere. On an NVIDIA GPU it means
+# TF32, exactly as `"high"` does: PyTorch's CUDA backend has no bf16 mode for float32 matmuls
+# (`torch.backends.cuda.matmul.fp32_precision = "bf16"` is refused). On a CPU it sets
+# oneDNN's float32 matmuls to "bf16" (both in `Context::setFloat32MatmulPrecision`,
+# aten/src/ATen/Context.cpp), and two things must agree before the math is bf16. Torch
+# sends a float32 matmul to oneDNN with that permission only where oneDNN's bf16 device
+# check passes (`use_mkldnn_bf32_matmul`, aten/src/ATen/native/mkldnn/Matmul.cpp); oneDNN
+# then uses it only in a kernel that implements it. On the CPU of the stored outputs
+# (AVX512-BF16, no AMX) torch did send it, but `ONEDNN_VERBOSE=1` shows oneDNN running its
+# float32 `brg_matmul:avx512_core` kernel with `attr-fpmath:bf16` attached: a different
+# kernel from `"highest"`'s, with float32's error. **Predict** which error this device's
+# float32 matmul has under `"medium"`:
 
 # %%
 from amp_lessons.matmul import medium_levels
@@ -501,9 +571,10 @@ print(check("'medium' gives an error torch's source allows here (on a CPU float3
 print(f"here, 'medium' gives {err.medium_level}-level error")
 
 # %% [markdown]
-# A float32 model under `"medium"` on a CPU where oneDNN takes bf16 silently computes its
-# matmuls with bf16's 7-bit mantissa (on an NVIDIA GPU, with TF32's 10 bits). That is the trade the setting names; make it knowingly. On an
-# NVIDIA GPU with TF32 the speedup of `"high"` is measured here:
+# Where oneDNN does take bf16, a float32 model under `"medium"` silently computes its
+# matmuls with bf16's 7-bit mantissa (on an NVIDIA GPU, with TF32's 10 bits). That is the
+# trade the setting names; make it knowingly. On an NVIDIA GPU with TF32 the speedup of
+# `"high"` is measured here:
 
 # %%
 from amp_lessons.matmul import tf32_speedup
@@ -512,9 +583,9 @@ speedup = tf32_speedup(device=device)
 print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
 
 # %% [markdown]
-# One more thing tensor cores care about: shapes. cuBLAS feeds 16-bit (and TF32) matmuls
-# to tensor cores most efficiently when the dimensions are multiples of 8 (16 bytes of
-# fp16), which is why vocabularies and hidden sizes get padded (GPT-2's 50257 tokens to
+# One more thing tensor cores care about: shapes. cuBLAS feeds matmuls to tensor cores most
+# efficiently when the dimensions are multiples of 16 bytes: of 8 for fp16 and bf16, of 4
+# for TF32, which is why vocabularies and hidden sizes get padded (GPT-2's 50257 tokens to
 # 50304, a multiple of 64, in nanoGPT). On a CUDA GPU the cell below times a 4096 matmul
 # against a 4095 one in the precision recommended there; a CPU has no tensor cores:
 
@@ -542,14 +613,16 @@ else:
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
 # - Keep master weights in float32: the lost updates and Adam's zero `eps` above.
 # - The MLPs' activation bytes halve under bf16 and fp16 (a transformer block keeps more:
-#   its float32-list ops save float32), but the weights, gradients and optimizer state do
-#   not shrink, so for these MLPs a doubled batch does not fit. The speedup needs fast 16-bit matmul
-#   kernels (tensor cores, AMX); the matmul share of the step, through Amdahl's law,
-#   estimates it: measured above, and by `python -m amp_lessons bench --breakdown`.
+#   its float32 residual stream makes the layer norms save float32), but the weights,
+#   gradients and optimizer state do not shrink, so for these MLPs a doubled batch does not
+#   fit.
+# - The speedup needs 16-bit matmuls faster than float32's (tensor cores, AMX, or a CPU's
+#   AVX512-BF16 for bf16, by what the bench measures); the matmul share of the step,
+#   through Amdahl's law, estimates it: `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs; it
-#   also asks oneDNN for TF32, a permission the check above measures on this device.
-#   `"medium"` means TF32 on those GPUs too, and lets oneDNN run a CPU's float32 matmuls
-#   in bf16.
+#   also asks oneDNN for TF32, which torch passes on only on CPUs with AMX-FP16.
+#   `"medium"` means TF32 on those GPUs too, and allows oneDNN bf16 for a CPU's float32
+#   matmuls, used where oneDNN has a kernel for it.
 # - Which precision to use on a given machine: [00 start here](00_start_here.ipynb).
 #
 # ## Watch out
@@ -558,7 +631,9 @@ else:
 #   [04 clipping](04_clipping.ipynb) measured the threshold shrinking by the scale.
 # - A speed figure is a ratio measured on one machine: time precisions side by side in
 #   one process (warm-up, synchronize, median), as the bench does, before switching.
-# - `model.half()` with Adam: `eps` becomes 0 and weights become inf/NaN in one step.
+# - `model.half()` with Adam's default (for-loop or foreach) implementation: `eps` becomes 0
+#   and weights become inf/NaN in one step (the fused one did not, above; the weights still
+#   lose the updates below half their spacing).
 #
 # ## Exercise: fix the setup
 #
@@ -574,8 +649,8 @@ print(inspect.getsource(broken_setup))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_setup(device_type):`, fix it, and run the cell.
-# The checker inspects the weights, the scaler and Adam's `eps`, then trains five steps
-# on the digits with the card's recipe and looks for inf/NaN weights. As given, it checks
+# The checker inspects the dtype, the weights and the scaler, then trains five steps on the
+# digits with the card's recipe and looks for inf/NaN weights. As given, it checks
 # the broken setup:
 
 # %%
@@ -593,14 +668,19 @@ check_setup(my_setup, device)
 #   docs page "torch.set_float32_matmul_precision"); the oneDNN side:
 #   the "MKLDNN backend" notes (`docs/source/notes/mkldnn.rst`, torch 2.9 on), and
 #   oneDNN's "Floating-point Math Mode" page (`dnnl_fpmath_mode_tf32`).
-# - TF32 drops the low mantissa bits of each input: PyTorch's CUDA semantics notes
-#   ("TensorFloat-32 (TF32) on Ampere (and later) devices", `docs/source/notes/cuda.rst`).
+# - TF32's inputs: PyTorch's CUDA semantics notes ("TensorFloat-32 (TF32) on Ampere (and
+#   later) devices", `docs/source/notes/cuda.rst`: "by rounding input data to have 10 bits
+#   of mantissa"); its numerical-accuracy notes (`docs/source/notes/numerical_accuracy.rst`:
+#   "only the first 10 bits of the input mantissa are read").
+# - `"medium"` on a CPU: `use_mkldnn_bf32_matmul` and `mkldnn_gemm` in
+#   `aten/src/ATen/native/mkldnn/Matmul.cpp`; oneDNN's `ONEDNN_VERBOSE` output names the
+#   kernel and its `attr-fpmath`.
 # - Which ops autocast runs in float32, per device: the Autocast Op Reference,
 #   `docs/source/amp.md` (lesson 02 traces them).
 # - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
 #   whitepapers; AMX-BF16 and AMX-FP16: Intel's Architecture Instruction Set Extensions
 #   Programming Reference.
-# - Tensor cores and the multiple-of-8 rule for 16-bit matmuls: NVIDIA's "Matrix
+# - Tensor cores and the 16-byte rule (multiples of 8 in fp16, of 4 in TF32): NVIDIA's "Matrix
 #   Multiplication Background User's Guide" (Deep Learning Performance docs); nanoGPT's
 #   vocabulary padded to 50304: karpathy/nanoGPT `train.py` / `model.py`.
 # - Memory-bound ops gain from 16-bit tensors on GPUs: NVIDIA's "Train With Mixed

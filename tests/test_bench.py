@@ -160,9 +160,15 @@ def test_lesson_figures_have_titles_from_the_data():
     assert "activations 0." in fig._suptitle.get_text()
     mm = bench.run_bench(("mlp",), ("fp32", "bf16"), "cpu", {"mlp": bench.Sizes(16, 1, 4)},
                          warmup=0, repeats=1, matmul_sizes=(16, 32))
-    assert "bf16" in plots.matmul_rates(mm).axes[0].get_title()
+    title = plots.matmul_rates(mm).axes[0].get_title()
+    assert "bf16" in title and "best matmul rate vs fp32's best" in title  # the ratio the reasons print
     fig = plots.lost_updates([1e-1, 1e-2, 1e-3], {"fp32 master": [0, 0, 0.01], "model.half()": [0.1, 0.5, 0.9]})
     assert "model.half() loses 50%" in fig.axes[0].get_title()
+    fig = plots.lost_updates([1e-1, 1e-2, 1e-3], {"fp32 master": [0, 0, 0.01], "model.half()": [0.1, 0.5, 0.9]},
+                             at_lr=1e-3)
+    assert "lr=0.001: model.half() loses 90%" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="not one of the learning rates plotted"):
+        plots.lost_updates([1e-1, 1e-2], {"fp32 master": [0, 0], "model.half()": [0, 0]}, at_lr=3e-3)
     assert all(ax.get_ylabel() for f in (fig,) for ax in f.axes)
 
 
@@ -184,6 +190,11 @@ def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
     assert not any("AMX" in r for r in fp16)  # the fp16 wording never borrows bf16's hardware
     assert any("0.01x: this device has no fast fp16 matmul kernel" in r for r in fp16)
     assert any("the step can only lose" in r for r in fp16)
+    # lesson 05 prints each step's share once, with every precision's Amdahl figure on it
+    assert not any("the bench mlp" in r for r in bench.speed_reasons(result, "bf16", with_shares=False))
+    (once,) = bench.share_reasons(result, ["fp32", "bf16", "fp16"])
+    assert "34% of fp32's peak rate" in once and "bf16 (3.10x) 1.30x, fp16 (0.01x)" in once
+    assert "infinitely fast matmuls: 1.52x" in once
     # a profiled share wins over the rate estimate; a lesson's own step rate is read too
     cats = dict.fromkeys(bench.bd.CATEGORIES, 0.0)
     result.breakdowns = [bench.bd.Breakdown("mlp", "fp32", {**cats, "forward matmuls": 35.0,

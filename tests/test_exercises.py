@@ -135,3 +135,19 @@ def test_calling_backward_inside_autocast_is_answered_with_when_it_matters():
     assert right.passed and "right: in this loop it is not a bug" in str(right)
     for text in (str(wrong), str(right)):  # the case where it is a bug, named in both
         assert "autocast(enabled=False)" in text and "custom_bwd" in text
+
+
+def test_setup_checker_refuses_bf16_for_the_float16_task_and_names_the_mistake_not_the_fix():
+    from amp_lessons.exercises import broken_setup
+
+    def to_bf16(device_type):
+        model = mlp(64, 64, 10).to(device_type)
+        return model, torch.optim.Adam(model.parameters()), torch.amp.GradScaler(device_type, enabled=False), \
+            torch.bfloat16
+
+    verdict = check_setup(to_bf16, "cpu", steps=2)
+    assert not verdict.passed and "the task is a float16 run" in str(verdict)
+    text = str(check_setup(broken_setup, "cpu", steps=2))
+    assert "enabled=(dtype == torch.float16)" not in text and "switched off" in text
+    # Adam's eps is a consequence of model.half(), reported with it, not as a third mistake
+    assert sum("eps=1e-08" in line for line in text.splitlines()) == 1 and "The same mistake" in text

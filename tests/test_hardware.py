@@ -136,7 +136,7 @@ def test_unknown_device_name():
 
 def test_tf32_is_refused_on_cpu(monkeypatch):
     simulate_cpu(monkeypatch)
-    with pytest.raises(ValueError, match="TF32 is an NVIDIA tensor-core format"):
+    with pytest.raises(ValueError, match="TF32 training runs only on Ampere-or-newer NVIDIA GPUs"):
         hardware.resolve("tf32", "cpu")
     assert hardware.resolve("half", "cpu") == ("fp16", torch.device("cpu"))
 

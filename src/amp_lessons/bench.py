@@ -690,7 +690,8 @@ def _matmul_reason(name, mine, fp32, ratio) -> str:
         return text + f": {name} matmuls are slower than fp32's here"
     if ratio <= 1.1:
         return text + ": about fp32's speed, so 16-bit matmuls gain nothing here"
-    return text + ": the most any step can gain from 16-bit matmuls"
+    return text + (": a ratio of best sizes, not a ceiling: a step's own matmuls run at their shapes' "
+                   "rates, which the breakdown measures")
 
 
 def _share_reason(label, share, profiled, name, ratio) -> str:
@@ -716,7 +717,8 @@ def _share_reason(label, share, profiled, name, ratio) -> str:
                    "not speed those up")
 
 
-def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None = None) -> list[str]:
+def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None = None,
+                  with_shares: bool = True) -> list[str]:
     """Why ``precision`` is as fast as measured on this device, read from the measurements.
 
     Names the hardware, the best matmul rate of ``precision`` against fp32's (the matmul
@@ -724,6 +726,7 @@ def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None =
     matmuls take and the speedup Amdahl's law allows from it. The share is profiled where
     ``result`` has a breakdown; otherwise it is the step's matmul rate over fp32's peak
     (the bench's rows, and ``step_rates``: label -> achieved GFLOP/s of an fp32 step).
+    ``with_shares=False`` leaves the per-step lines to :func:`share_reasons`.
     """
     name = parse_precision(precision)
     reasons = [_hardware_reason(result.machine or resolve_machine(result.device, measure=False), name)]
@@ -732,9 +735,19 @@ def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None =
     if mine and fp32 and name != "fp32":
         ratio = mine[0] / fp32[0]
         reasons.append(_matmul_reason(name, mine, fp32, ratio))
-    if not fp32:
+    if not fp32 or not with_shares:
         return reasons
+    reasons += [_share_reason(label, share, profiled, name, ratio)
+                for label, (share, profiled) in _fp32_shares(result, step_rates).items()]
+    return reasons
+
+
+def _fp32_shares(result: BenchResult, step_rates: dict | None) -> dict:
+    """label -> (matmul share of that fp32 step, profiled?): see :func:`speed_reasons`."""
+    fp32 = result.peak("fp32")
     shares = {}
+    if not fp32:
+        return shares
     for b in result.breakdowns:
         if b.precision == "fp32" and b.total_ms:
             shares[f"the bench {b.model}"] = (b.matmul_share, True)
@@ -744,8 +757,30 @@ def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None =
             shares[label] = (min(1.0, row.tflops * 1e3 / fp32[0]), False)
     for label, rate in (step_rates or {}).items():
         shares[label] = (min(1.0, rate / fp32[0]), False)
-    reasons += [_share_reason(label, share, profiled, name, ratio) for label, (share, profiled) in shares.items()]
-    return reasons
+    return shares
+
+
+def share_reasons(result: BenchResult, precisions, step_rates: dict | None = None) -> list[str]:
+    """Each fp32 step's matmul share once, with Amdahl's estimate for every 16-bit precision
+    in ``precisions`` (their best matmul rate against fp32's best), for lesson 05, which
+    prints :func:`speed_reasons` per precision with ``with_shares=False`` and this after."""
+    fp32 = result.peak("fp32")
+    ratios = {}
+    for p in precisions:
+        name, mine = parse_precision(p), result.peak(p)
+        if name != "fp32" and mine and fp32:
+            ratios[name] = mine[0] / fp32[0]
+    out = []
+    for label, (share, profiled) in _fp32_shares(result, step_rates).items():
+        text = _share_reason(label, share, profiled, "fp32", None)
+        if ratios and share > 0:
+            text += ("; Amdahl's law, with only the matmuls at each precision's best-size ratio and "
+                     "nothing else changed: " + ", ".join(
+                         f"{p} ({r:.2f}x) {bd.amdahl_bound(share, r):.2f}x" for p, r in ratios.items()))
+            if share < 1:
+                text += f"; infinitely fast matmuls: {1 / (1 - share):.2f}x"
+        out.append(text)
+    return out
 
 
 # -- lesson 05: one model trained in every precision, side by side --------------------------

@@ -555,8 +555,9 @@ class Closing:
             if r.first_step_s is not None and r.first_step_s > 5:
                 line += f"   (first step {r.first_step_s:.0f} s: compiling)"
             out.append(line)
-        note = (f"medians of {self.rounds} interleaved rounds; gain = the first row's ms / this "
-                "row's ms, in the same round, same precision")
+        note = (f"medians of {self.rounds} interleaved rounds; a '+' row keeps grad_stats=False and "
+                "swaps the optimizer; gain = the first row's ms / this row's ms (not the row above's), "
+                "in the same round, same precision")
         if self.load:
             note += f"; load average {self.load[0]:.1f} on {os.cpu_count()} CPUs"
         return "\n".join(out + [note])

@@ -512,8 +512,9 @@ _SETUP_ERROR_HINTS = {
 def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     """Check ``setup(device_type) -> (model, optimizer, scaler, dtype)`` for mixed precision.
 
-    Inspects the weights' dtype, the GradScaler (on, and for the right device, when the
-    dtype is float16) and Adam's eps in the weights' dtype; then trains ``steps`` steps
+    The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
+    (and, where they are 16-bit, what that does to Adam's eps), the GradScaler (on, and for
+    the right device); then trains ``steps`` steps
     on the digits with the card's recipe and looks for inf/NaN weights. Used in 05.
     """
     dev = pick_device(device)
@@ -529,38 +530,38 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
         model, optimizer, scaler, dtype = setup(dev.type)
     except Exception as err:
         return Verdict(False, [f"setup({dev.type!r}) raised {type(err).__name__}: {err}"])
-    if dtype not in (torch.float16, torch.bfloat16):
-        bug(f"dtype is {dtype}: autocast computes in torch.float16 or torch.bfloat16")
+    if dtype == torch.bfloat16:
+        bug("dtype is torch.bfloat16, but the task is a float16 run: keep float16 and make that "
+            "run train safely (bfloat16 is the right choice elsewhere, not the answer here)")
+    elif dtype != torch.float16:
+        bug(f"dtype is {dtype}: the task is a float16 run, so autocast's dtype is torch.float16")
     params = list(model.parameters())
     low = [p for p in params if p.dtype != torch.float32]
     if low:
-        bug(f"{len(low)} of {len(params)} parameter tensors are {low[0].dtype}: keep the weights "
-            "float32 (no model.half()); autocast casts them for the matmuls")
+        text = (f"{len(low)} of {len(params)} parameter tensors are {low[0].dtype}: keep the weights "
+                "float32 (no model.half()); autocast casts them for the matmuls")
+        eps = next((g.get("eps") for g in optimizer.param_groups if g.get("eps") and g["params"]), None)
+        if eps is not None and eps_in(low[0].dtype, eps) == 0:
+            text += (f". The same mistake makes Adam's eps={eps:g} 0 in {low[0].dtype}: m / (sqrt(v) + eps) "
+                     "divides by zero where gradients are small")
+        bug(text)
     else:
         findings.append("right: the weights are float32 (master weights)")
     scaler_device = getattr(scaler, "_device", dev.type)
     if dtype == torch.float16 and not scaler.is_enabled() and scaler_device != dev.type:
         bug(f"the GradScaler was built for {scaler_device!r} (what torch.amp.GradScaler() means "
             f"when no device is given), and the model runs on {dev.type!r}: it warned and disabled "
-            "itself, so nothing is scaled. Pass the device: torch.amp.GradScaler(device_type)")
+            "itself, so nothing is scaled. It needs to know the model's device")
     elif dtype == torch.float16 and not scaler.is_enabled():
-        bug("float16 without a GradScaler: small gradients flush to zero. Use "
-            "torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))")
+        bug("float16 without a GradScaler: small gradients flush to zero. The scaler exists but is "
+            "switched off: look at what decides whether it is enabled")
     elif dtype == torch.float16:
         findings.append("right: float16 with a GradScaler")
     elif scaler.is_enabled():
         findings.append("note: bfloat16 needs no GradScaler (harmless, but it does nothing useful)")
     if scaler.is_enabled() and scaler_device != dev.type:
         bug(f"the GradScaler is for {scaler_device!r} but the model runs on {dev.type!r}: "
-            "pass the device, torch.amp.GradScaler(device_type)")
-    for group in optimizer.param_groups:
-        eps = group.get("eps")
-        if eps is not None and group["params"]:
-            stored = eps_in(group["params"][0].dtype, eps)
-            if eps > 0 and stored == 0:
-                bug(f"Adam's eps={eps:g} is {stored} in {group['params'][0].dtype}: m / (sqrt(v) + eps) "
-                    "divides by zero where gradients are small")
-                break
+            "it needs to be built for the model's device")
     data = digits()
     losses = []
     try:

@@ -300,9 +300,10 @@ class Machine:
             if not self.bf16_native:
                 out["bf16"] = "bf16 is only emulated on this GPU (pre-Ampere); use fp16 + GradScaler"
         elif self.type == "cpu":
-            out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on a CPU"
+            out["tf32"] = ("TF32 training runs only on Ampere-or-newer NVIDIA GPUs in this course; on a "
+                           "CPU, 'high' reaches oneDNN's tf32 path only with AMX-FP16 (lesson 00)")
         elif self.type == "mps":
-            out["tf32"] = "TF32 is an NVIDIA tensor-core format; it does not exist on Apple GPUs"
+            out["tf32"] = "TF32 training runs only on Ampere-or-newer NVIDIA GPUs in this course, not on Apple GPUs"
         return out
 
     def report(self) -> HardwareReport:

@@ -422,12 +422,11 @@ def side_by_side(result, memory: dict | None = None):
         ax.spines[["top", "right"]].set_visible(False)
     low = [p for p in names if p in ("bf16", "fp16")]
     if low:
-        best = min(low, key=lambda p: runs[p].activation_mb)
-        whole = memory[best].total / memory["fp32"].total
-        fig.suptitle(f"{best} on {result.device}: activations {result.memory_ratio(best):.2f}x fp32's, "
-                     f"the whole step's memory {whole:.2f}x\nspeed {measured(result.speedup(best), '.2f')}x "
-                     f"fp32's, test accuracy {measured(runs[best].accuracy, '.2f')} vs "
-                     f"{measured(runs['fp32'].accuracy, '.2f')}", fontsize=11)
+        lines = [f"{p}: activations {result.memory_ratio(p):.2f}x fp32's, the whole step's memory "
+                 f"{memory[p].total / memory['fp32'].total:.2f}x, speed {measured(result.speedup(p), '.2f')}x, "
+                 f"test accuracy {measured(runs[p].accuracy, '.2f')}" for p in low]
+        fig.suptitle(f"on {result.device}, against fp32 (test accuracy "
+                     f"{measured(runs['fp32'].accuracy, '.2f')}):\n" + "\n".join(lines), fontsize=10)
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
 
@@ -435,8 +434,9 @@ def side_by_side(result, memory: dict | None = None):
 def matmul_rates(result):
     """05: achieved GFLOP/s of an n x n matmul per precision, from :func:`amp_lessons.bench.run_bench`.
 
-    The title compares the 16-bit precisions with fp32 at the largest n: the rate that
-    decides whether mixed precision can be faster on this device (timings: marked ``≈``).
+    The title compares each precision's best rate (its best n) with fp32's best, the ratio
+    the bench's reasons print (timings: marked ``≈``). The rate axis is logarithmic so that
+    a slow precision's bars stay visible; a size the bench skipped is marked "skipped".
     """
     import numpy as np
 
@@ -446,27 +446,34 @@ def matmul_rates(result):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.8 / max(1, len(names))
     for i, p in enumerate(names):
-        values = [next((m.gflops for m in rows if m.n == n and m.precision == p), 0.0) for n in sizes]
-        ax.bar(np.arange(len(sizes)) + i * width, values, width, label=p,
-               color=_PRECISION_COLORS.get(p, "grey"))
+        values = [next((m.gflops for m in rows if m.n == n and m.precision == p), None) for n in sizes]
+        xs = np.arange(len(sizes)) + i * width
+        ax.bar(xs, [v or 0.0 for v in values], width, label=p, color=_PRECISION_COLORS.get(p, "grey"))
+        for x, v in zip(xs, values):
+            if v is None:  # bench skips sizes too slow for a precision
+                ax.annotate("skipped", (x, 0), xycoords=("data", "axes fraction"), rotation=90,
+                            ha="center", va="bottom", fontsize=7, xytext=(0, 3), textcoords="offset points")
     ax.set_xticks(np.arange(len(sizes)) + width * (len(names) - 1) / 2, [f"n = {n}" for n in sizes])
-    ax.set(ylabel="achieved GFLOP/s", xlabel="matrix size (n x n @ n x n)")
+    ax.set(ylabel="achieved GFLOP/s (log scale)", xlabel="matrix size (n x n @ n x n)")
+    if rows:
+        ax.set_yscale("log")
     ax.legend(frameon=False)
-    top = {m.precision: m.gflops for m in rows if m.n == sizes[-1]} if sizes else {}
-    parts = [f"{p} {measured(top[p] / top['fp32'], '.2f')}x" for p in names
-             if p != "fp32" and "fp32" in top and p in top]  # bench skips sizes too slow for a precision
-    ax.set_title(f"{result.device}: matmul rate vs fp32 at n = {sizes[-1] if sizes else '-'}: "
-                 + (", ".join(parts) or "fp32 only"), fontsize=10)
+    fp32 = result.peak("fp32")
+    parts = [f"{p} {measured(result.peak(p)[0] / fp32[0], '.2f')}x" for p in names
+             if p != "fp32" and fp32 and result.peak(p)]
+    ax.set_title(f"{result.device}: best matmul rate vs fp32's best: " + (", ".join(parts) or "fp32 only"),
+                 fontsize=10)
     fig.tight_layout()
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
 
 
-def lost_updates(lrs, fractions: dict, optimizer: str = "sgd"):
+def lost_updates(lrs, fractions: dict, optimizer: str = "sgd", at_lr: float | None = None):
     """05: the fraction of an optimizer step's updates that did not happen, against the lr.
 
     ``fractions`` maps a label (``"fp32 master"``, ``"model.half()"``) to one fraction per
-    learning rate, from :func:`amp_lessons.master.lost_fraction_by_lr`.
+    learning rate, from :func:`amp_lessons.master.lost_fraction_by_lr`. The title quotes
+    the learning rate ``at_lr`` (one of ``lrs``; default the middle one).
     """
     fig, ax = plt.subplots(figsize=(7, 3.6))
     colors = {"fp32 master": _PRECISION_COLORS["fp32"], "model.half()": _PRECISION_COLORS["fp16"]}
@@ -475,7 +482,9 @@ def lost_updates(lrs, fractions: dict, optimizer: str = "sgd"):
     ax.set(xscale="log", xlabel=f"learning rate ({optimizer})",
            ylabel="% of weights the step left unchanged", ylim=(-3, 103))
     ax.legend(frameon=False)
-    i = len(lrs) // 2
+    if at_lr is not None and at_lr not in lrs:
+        raise ValueError(f"at_lr={at_lr:g} is not one of the learning rates plotted ({lrs}): pass one of them")
+    i = len(lrs) // 2 if at_lr is None else list(lrs).index(at_lr)
     half, master = fractions.get("model.half()"), fractions.get("fp32 master")
     if half and master:
         ax.set_title(f"one {optimizer} step at lr={lrs[i]:g}: model.half() loses {half[i]:.0%} of the "
