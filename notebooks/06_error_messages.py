@@ -19,9 +19,10 @@
 # What you search for, when mixed precision goes wrong, is an error message. This lesson
 # makes the AMP mistakes that come up again and again in PyTorch's and Hugging Face's issue
 # trackers, on purpose, each from a loop a few lines long: the message as torch prints it,
-# the loop that makes it, why, and the fix running. Four of the mistakes print no message
-# at all (an optimizer's updates off by a power of two, an overflow to inf, an unscaled
-# gradient penalty, bf16 emulated on a T4), and those are the ones to fear. Then a checker,
+# the loop that makes it, why, and the fix running. Five of the mistakes print no message
+# at all (a skipped step after the first, an optimizer's updates off by a power of two, an
+# overflow to inf, an unscaled gradient penalty, bfloat16 on a T4 that reports it
+# supported), and those are the ones to fear. Then a checker,
 # `python -m amp_lessons lint`, that reads a training loop's source and names the mistakes
 # it can see without running it.
 #
@@ -245,9 +246,13 @@ with expect_error(RuntimeError):
     torch.nn.functional.linear(h, head.weight)  # no bias
 
 # %% [markdown]
-# So search for "same dtype". On CUDA the bias-free path says
-# `expected mat1 and mat2 to have the same dtype, but got: ...` (quoted, not run here:
-# `addmm_out_cuda_impl` in `aten/src/ATen/native/cuda/Blas.cpp`). Two fixes: run the head
+# So search for "same dtype". On CUDA (quoted, not run here), a `Linear` with a bias on a
+# 2-D input says the same as the CPU: `linear` calls `addmm` there
+# (`aten/src/ATen/native/Linear.cpp`), and `addmm`'s dtype check, `ADDMM_META` under
+# `TORCH_META_FUNC(addmm)` in `aten/src/ATen/native/LinearAlgebra.cpp`, runs for every
+# device before its kernel. The bias-free path says
+# `expected mat1 and mat2 to have the same dtype, but got: ...` (`addmm_out_cuda_impl` in
+# `aten/src/ATen/native/cuda/Blas.cpp`). Two fixes: run the head
 # under autocast too, or cast at the edge (`head(h.float())`) when it must stay float32.
 
 # %%
@@ -282,9 +287,11 @@ print(errors.overflow_report(*errors.attention(q, k, v, dtype=torch.float16)))
 # %% [markdown]
 # The matmul runs in float16 under autocast and its result overflows to inf. Softmax
 # subtracts each row's largest score before exponentiating, and inf minus inf is NaN; from
-# there every value downstream is NaN, the loss too. With a GradScaler, every step is then
-# skipped and the scale falls step after step (lesson 03's `Trainer` stops such a run). A
-# long reduction outside autocast overflows the same way:
+# there every value downstream is NaN, the loss too. With a GradScaler, the step of that
+# batch is skipped and the scale halved. The scale multiplies only the loss, after the
+# forward, so halving it does not undo an overflow in the forward: if the inf comes back on
+# every batch, every step is skipped and the scale falls step after step, which lesson
+# 03's `Trainer` stops. A long reduction outside autocast overflows the same way:
 
 # %%
 ones = torch.ones(70_000, dtype=torch.float16)
@@ -349,9 +356,12 @@ print("FutureWarnings from torch.amp.autocast, torch.autocast, torch.amp.GradSca
 print(errors.default_scaler_report())
 
 # %% [markdown]
-# The loss comes back unscaled and training goes on in float16 without a scaler: lesson
-# 03's flushed gradients, with no error and one warning that is easy to miss in a log. Pass
-# the device, as every lesson does:
+# The loss comes back unscaled. If the loop's autocast is `torch.autocast("cpu",
+# dtype=torch.float16)`, training goes on in float16 without a scaler: lesson 03's flushed
+# gradients, with no error and one warning that is easy to miss in a log. A loop that also
+# writes `torch.autocast("cuda")` has its autocast switched off on that machine too (it
+# warns "CUDA is not available ... Disabling autocast") and trains in float32, only
+# slower than it could. Pass the device, as every lesson does:
 
 # %%
 scaler = torch.amp.GradScaler("cpu")
@@ -386,9 +396,11 @@ print(between("forgetting to unscale multiplies the penalty by the scale S: |pen
               max(abs(s.times_too_large / s.scale - 1) for s in [wrong.steps[0], *taken]), 0, 0.05, ".3f"))
 
 # %% [markdown]
-# Forgotten, the first steps overflow: the penalty is S times too large, and GradScaler
-# scales the loss that carries it by S once more. Each skip halves S. Once S is small
-# enough, the steps go through, and every one of them carries a penalty S times too large.
+# Forgotten, the first steps overflow. `scaler.scale(loss)` multiplies the penalty's
+# gradient by S once more, and backward carries it (S·S, 2^32 at the start) back through
+# the float16 matmuls of the first backward, whose results pass float16's largest value:
+# the weights' gradients hold inf. (The same first step with the forward in float32 stays
+# finite.) Each skip halves S, and once S is small enough the steps go through.
 # The scale at every step (`s`: skipped) follows from float16 sums near float16's largest
 # value, figures this course does not compare across CPUs; the checks after it are compared:
 
@@ -410,9 +422,9 @@ print(at_least("after 24 steps the cross entropy is at least 5x that of the run 
 
 # %% [markdown]
 # That is the real danger: no message, a few skipped steps that look like GradScaler
-# finding its scale (lesson 03), and then training goes on, every step pushed by a penalty
-# S times too large, S being the scale it settled at. The loss the penalty was meant to
-# regularize ends far above that of the run that unscales.
+# finding its scale (lesson 03), and then training goes on with the penalty the first check
+# measured, S being the scale it settled at. The loss the penalty was meant to regularize
+# ends far above that of the run that unscales.
 #
 # ## 10. "binary_cross_entropy ... unsafe to autocast"
 #
@@ -466,8 +478,12 @@ for question, answer in errors.t4_bf16_answers().items():
 # carries out bf16 math through float32 below compute capability 8.0.
 # `including_emulation=False` asks about the hardware. The course's hardware report
 # (`python -m amp_lessons doctor`, lesson 00) asks that way and recommends float16 with a
-# GradScaler there. On a pre-Ampere GPU the verdict below runs
-# for real:
+# GradScaler there. Slow is not the worst of it: cuDNN has bfloat16 convolution engines
+# only from compute capability 8.0, and PyTorch checks the capability before it sends a
+# bfloat16 convolution to cuDNN (pytorch/pytorch#81139); diffusers' CI on a T4 failed at a
+# depthwise `Conv2d` in bfloat16 for want of an engine (huggingface/diffusers#14688). So a
+# convolutional network under bfloat16 autocast on a T4 may be slow, or may raise; this
+# lesson runs neither. On a pre-Ampere GPU the verdict below runs for real:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -588,19 +604,20 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 #
 # | message or symptom | cause | revisit |
 # |---|---|---|
-# | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway; later skips say nothing | 03, section 1 |
+# | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway | 03, section 1 |
+# | (none) the schedule a step ahead of the training | a skipped step after the first, and the scheduler stepped anyway | 03, section 1 |
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | 04, section 2 |
 # | (none) second optimizer's updates off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` after each optimizer's step | section 3 |
 # | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | 05, section 4 |
-# | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU, a `Linear` with bias); `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU, no bias); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, no bias) | a 16-bit activation meets float32 weights outside autocast | 02, section 5 |
+# | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA too, by source: the check runs before the kernel; a `Linear` with bias, 2-D input); `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU, no bias); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, no bias) | a 16-bit activation meets float32 weights outside autocast | 02, section 5 |
 # | `Input type (c10::BFloat16) and bias type (float) should be the same` | the same, at a convolution | section 5 |
-# | (none) inf, then NaN loss; every step skipped | float16 overflow in a long sum (attention scores, a reduction) | 01, 03, section 6 |
+# | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | 01, 03, section 6 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
 # | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | 03, section 8 |
 # | (none) the first steps skipped, then a penalty S times too large | a gradient penalty from scaled gradients | section 9 |
 # | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | 02, section 10 |
-# | (none) bf16 "supported" yet slow on a T4 | `is_bf16_supported()` counts emulation | 00, section 11 |
+# | (none) bf16 "supported" on a T4, yet emulated: slow (and a convolution may find no cuDNN engine and raise) | `is_bf16_supported()` counts emulation | 00, section 11 |
 # | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on an optimizer whose parameters have no gradients | section 12 |
 # | `expected scalar type BFloat16 but found Float` | one op's inputs in two dtypes (a `.to(torch.bfloat16)` model, float32 class weights) | section 12 |
 # | `Current CUDA Device does not support bfloat16. Please switch dtype to float16.` | bf16 CUDA autocast where `is_bf16_supported()` is False | section 12 |
@@ -617,12 +634,13 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 #
 # ## Watch out
 #
-# - Some of these mistakes print nothing: a later skipped step, `update()` per optimizer,
-#   an unscaled penalty (a few skipped steps, then training on a penalty S times too
-#   large). A scaler switched off by `GradScaler()` on a machine without CUDA prints one
+# - Five of these mistakes print nothing: a later skipped step, `update()` per optimizer,
+#   an overflow to inf in a long sum, an unscaled penalty (a few skipped steps, then
+#   training on a penalty S times too large), bfloat16 on a T4 that reports it supported.
+#   A scaler switched off by `GradScaler()` on a machine without CUDA prints one
 #   warning, easy to miss in a log. Run `python -m amp_lessons lint` on your training
 #   script.
-# - A NaN loss in float16 often starts as an inf in a long sum; look for the first inf
+# - A NaN loss in float16 often starts as an inf in a long sum: look for the first inf
 #   before blaming the learning rate.
 # - On CUDA, use `BCEWithLogitsLoss`; on a T4, ask `is_bf16_supported(including_emulation=False)`.
 # - Reading `scaler.get_scale()` on CUDA waits for the GPU; read it once per step at most.
@@ -666,4 +684,8 @@ check_two_model_loop(my_loop)
 # - CUDA autocast refuses `binary_cross_entropy`: `aten/src/ATen/autocast_mode.cpp` (its
 #   banned list) and the Autocast Op Reference in `docs/source/amp.md`; pytorch/pytorch#61098.
 # - bf16 on a T4: pytorch/pytorch#148322; bf16 arithmetic through float32 below compute
-#   capability 8.0: CUDA's `cuda_bf16.hpp`.
+#   capability 8.0: CUDA's `cuda_bf16.hpp`; bfloat16 convolutions and cuDNN below compute
+#   capability 8.0: pytorch/pytorch#81139, huggingface/diffusers#14688.
+# - A `Linear` with a bias on 2-D input calls `addmm` (`aten/src/ATen/native/Linear.cpp`),
+#   whose dtype check runs for every device before its kernel: `ADDMM_META`,
+#   `TORCH_META_FUNC(addmm)`, `aten/src/ATen/native/LinearAlgebra.cpp`.

@@ -303,3 +303,37 @@ def test_exercise_reports_a_crashing_loop():
     verdict = check_two_model_loop(crashing)
     assert not verdict.passed and "bug: the loop raised KeyError: 'oops'" in str(verdict)
     assert inspect.getsource(crashing)  # its source was readable: the checker read it too
+
+
+def stepping_some_schedulers(which):
+    """The solved loop, stepping only the schedulers whose index is in ``which``."""
+
+    def loop(models, optimizers, schedulers, batches):
+        scaler = torch.amp.GradScaler("cpu")
+        for x, y in batches:
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+            scaler.scale(loss).backward()
+            scale = scaler.get_scale()
+            for opt in optimizers:
+                scaler.step(opt)
+            scaler.update()
+            for i, (opt, scheduler) in enumerate(zip(optimizers, schedulers)):
+                if i in which and scaler.get_scale() >= scale:
+                    scheduler.step()
+                opt.zero_grad(set_to_none=True)
+
+    return loop
+
+
+@pytest.mark.parametrize(("which", "stepped", "said"), [
+    ((), "[0, 0]", "schedulers 1 and 2 never stepped, so the lr stayed where it started"),
+    ((0,), "[3, 0]", "scheduler 2 never stepped, so the lr stayed where it started"),
+])
+def test_exercise_tells_schedulers_that_never_step_from_ones_that_step_too_often(which, stepped, said):
+    verdict = check_two_model_loop(stepping_some_schedulers(which))
+    text = str(verdict)
+    assert not verdict.passed
+    assert f"bug: the schedulers stepped {stepped} times for [3, 3] AdamW steps: {said}" in text
+    assert "moved on for a step GradScaler skipped" not in text
+    assert "fixed: each scheduler" not in text

@@ -701,10 +701,17 @@ def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, ste
     """06's exercise: what the schedulers and optimizers did, as findings."""
     skipped_by_hand = [i for i in bad if i not in fed]
     clean = [i for i in fed if i not in bad]
-    if stepped != taken or warned:
+    if warned or any(s > t for s, t in zip(stepped, taken)):
         bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps"
             + (", and PyTorch warned 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'"
                if warned else "") + ": a scheduler moved on for a step GradScaler skipped (section 1)")
+    elif stepped != taken:
+        never = [i + 1 for i, s in enumerate(stepped) if s == 0]
+        bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps: "
+            + (f"{'schedulers' if len(never) > 1 else 'scheduler'} {' and '.join(map(str, never))} never "
+               "stepped, so the lr stayed where it started"
+               if never else "a scheduler missed a step its optimizer took")
+            + "; step each one after every step its optimizer takes (section 1)")
     elif min(taken) < len(clean):
         bug(f"AdamW stepped {taken} times for the {len(clean)} clean batches your loop trained on: "
             f"after the skipped step of batch {bad[0]}, later steps were skipped too (what is left "
