@@ -114,8 +114,8 @@ def medium_levels(device=None) -> tuple[str, ...]:
     """The :attr:`TF32Error.medium_level` values torch's source allows for "medium" on
     ``device`` (a name, a torch device or a :class:`~amp_lessons.hardware.Machine`).
 
-    ``set_float32_matmul_precision("medium")`` sets cuBLAS's float32 matmuls to TF32 (CUDA
-    has no bf16 mode for them) and oneDNN's to bf16 (aten/src/ATen/Context.cpp,
+    ``set_float32_matmul_precision("medium")`` sets cuBLAS's float32 matmuls to TF32 (PyTorch's
+    CUDA backend has no bf16 mode for them) and oneDNN's to bf16 (aten/src/ATen/Context.cpp,
     ``Context::setFloat32MatmulPrecision``). So: TF32 on an NVIDIA GPU that has it, float32
     on one that does not; on a CPU, bf16 where oneDNN runs the matmul in bf16, else float32.
     MPS follows none of these flags that torch documents: any of the three.
