@@ -408,7 +408,9 @@ def test_fp8_training_figure():
     scales = {"0.input": [8.2] * 5, "0.weight": [9.4] * 5, "0.grad_output": [21.3] * 5}
     fig = fp8_training({"bf16": h, "fp8": h}, scales)
     assert isinstance(fig, Figure) and len(fig.axes) == 2
-    assert "gradients' is about 2^21, the weights' 2^9" in fig._suptitle.get_text()
+    title = fig._suptitle.get_text()
+    assert "gradients' is about 2^21, the weights' 2^9, about 2^12 apart" in title
+    assert "loss scale" not in title  # a GradScaler never scales weights: no comparison with it
     assert "log2" in fig.axes[1].get_ylabel()
 
 

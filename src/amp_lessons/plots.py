@@ -493,7 +493,7 @@ def fp8_training(runs: dict, scales: dict):
     """08: left, the training loss of each run (``{label: History}``); right, the log2 of
     each fp8 operand's per-tensor scale at every step (``{"layer.kind": [log2 scale]}``,
     from :class:`amp_lessons.fp8.ScaleHistory`). The title compares the gradients' scale
-    with the weights': one loss scale could not serve both."""
+    with the weights': how far apart the scales of two kinds of operand sit."""
     import math
     import statistics
 
@@ -518,7 +518,7 @@ def fp8_training(runs: dict, scales: dict):
     if medians["grad_output"] and medians["weight"]:
         g, w = statistics.median(medians["grad_output"]), statistics.median(medians["weight"])
         fig.suptitle(f"each tensor gets its own scale: the gradients' is about 2^{math.floor(g)}, the "
-                     f"weights' 2^{math.floor(w)}; one loss scale could not serve both", fontsize=10)
+                     f"weights' 2^{math.floor(w)}, about 2^{round(g - w)} apart", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
