@@ -798,6 +798,6 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
 _POLICY_HINTS = {
     "sharded": ": which copy of the weights does the optimizer step?",
     "forward": ": which field of the policy names the gathered parameters' dtype?",
-    "reduce_scatter": ": what does reduce_dtype=None fall back to? The policy table above has a row like it",
+    "reduce_scatter": ": reduce_dtype=None means the gradients' own dtype",
     "gradient": ": what does the optimizer need to step the sharded parameter?",
 }
