@@ -243,7 +243,7 @@ def scaled_mm(a: Fp8Tensor, b: Fp8Tensor, emulate: bool = False) -> torch.Tensor
             f"torch {version}'s _scaled_mm does not take {a.granularity}-wise scales on "
             f"{a.data.device.type} ({refusal}). torch 2.13 takes per-row scales on a CPU, and a "
             "CUDA GPU of compute capability 8.9+ does; use per-tensor scales, or emulate=True "
-            "(dequantize, then a float32 matmul: the same numbers, without fp8 speed).")
+            "(dequantize, then a float32 matmul: the same numbers up to float32 rounding, without fp8 speed).")
     return _call_scaled_mm(a, b)
 
 
