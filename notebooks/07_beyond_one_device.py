@@ -168,11 +168,13 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
     print(f"gradient {grad:g}: fp16 hook {h:.3g}, float32 {e:.3g}, relative error {abs(h - e) / e:.1%}")
 
 # %% [markdown]
-# The 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%. Under fp16
-# autocast with a GradScaler the gradients reaching DDP are still scaled, which keeps them
-# in range; in float32 or bf16 training they are not. A compress hook is worth its rounding
-# only where the step waits for the all-reduce, typically between machines: measure your
-# step time with the hook and without it.
+# The 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%. Under fp16 autocast with a
+# GradScaler, DDP all-reduces inside `scaler.scale(loss).backward()` (its reducer runs from
+# autograd hooks, bucket by bucket: the `DistributedDataParallel` docstring), before
+# `unscale_`: the hook casts gradients still multiplied by the loss scale, which lifts
+# small ones above fp16's subnormals, and an overflow there is an inf the scaler then
+# skips. In float32 or bf16 training nothing lifts them. A compress hook saves time only
+# where the step waits for the all-reduce: measure your step time with it and without it.
 #
 # ### Accumulating gradients under DDP: `no_sync`
 #
@@ -279,9 +281,25 @@ print(f"bf16's spacing next to 1.0: {torch.finfo(torch.bfloat16).eps}; "
 
 # %% [markdown]
 # Next to 1.0, bf16's numbers are 0.0078 apart, so 0.001 rounds away. fp16's largest value
-# is 65504, so 80000 overflows to inf. Dividing before the sum keeps it finite, and FSDP2
-# divides before an fp16 reduce-scatter for that reason. bf16 has float32's range and does
-# not overflow, but it rounds.
+# is 65504, so 80000 overflows to inf. Dividing before the sum keeps it finite. bf16 has
+# float32's range and does not overflow, but it rounds.
+#
+# FSDP2 divides an fp16 reduce-scatter in two parts: by a power of two `pre` before the sum,
+# by `W / pre` after, with `pre` about the square root of W, so that neither the sum
+# overflows nor the divided gradients underflow. At 2 ranks all of it comes before, as in
+# the line above. The loop below is the rule in `_get_gradient_divide_factors`
+# (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, torch 2.13), for world sizes
+# that are not run here:
+
+# %%
+for world in (2, 4, 8, 64):
+    pre = 1
+    while world % pre == 0 and world / pre > pre:  # torch's loop, as written there
+        pre *= 2
+    print(f"W = {world:>2}: divide by {pre} before the fp16 reduce-scatter, by {world // pre} after")
+
+# %% [markdown]
+# A float32 or bf16 reduce-scatter needs neither: FSDP2 lets it average (`ReduceOp.AVG`).
 #
 # The same two ranks now each hold 100,000 random gradients of size about 1e-3. How far
 # off is the all-reduced sum, against a float64 one?
@@ -372,23 +390,20 @@ for name in scalers.names:
 #
 # ## Memory per rank
 #
-# Training with AdamW keeps three things per parameter: the float32 weight (4 bytes), its
-# float32 gradient (4 bytes) and Adam's two moments, m and v (4 + 4 bytes). That makes 16
-# bytes per parameter. DDP keeps all of it on every rank, and by default more: with
-# `gradient_as_bucket_view=False` (the default) its all-reduce buckets are a second copy of
-# the gradients, 4 more bytes per parameter; `gradient_as_bucket_view=True` makes each
-# `.grad` a view into its bucket and saves them (the `DistributedDataParallel` docstring).
-# The bucket copies are inside DDP's reducer and are not counted below. FSDP2 keeps 1/W of
-# the 16 bytes on each rank.
-# Mixed precision changes none of these three; it adds a 16-bit copy of the weights while
-# they compute. Under DDP + autocast, that is the bf16 copy of each weight a matmul uses,
-# saved for backward: 2 bytes per parameter at most. Under FSDP2, it is the unsharded layer
-# that is computing: 4 bytes per parameter of that layer in fp32, 2 in bf16 (prefetching
-# the next layer's all-gather can hold a second one). Activations come on top of
-# all this, and are left out here.
+# With AdamW, each parameter keeps its float32 weight, its float32 gradient and Adam's two
+# moments: 16 bytes. DDP keeps them on every rank, plus its buckets, a second copy of the
+# gradients (4 bytes) unless `gradient_as_bucket_view=True` (the `DistributedDataParallel`
+# docstring; not counted below). FSDP2 keeps 16 / W.
 #
-# With N parameters, W ranks and L parameters in the largest layer, here is this lesson's model
-# on 2 ranks, in bytes:
+# Mixed precision adds transient copies while a layer computes. Under DDP + autocast: the
+# bf16 copy of each weight a matmul saves for backward, 2 bytes per parameter at most. Under
+# FSDP2, for the layer in flight (L parameters): its gathered weights in `param_dtype`
+# (4 L in fp32, 2 L in bf16; prefetching can hold the next layer's too). In backward come
+# its unsharded gradients in `param_dtype` (2 L in bf16) and the reduce-scatter's input in
+# `reduce_dtype`, which they are copied into before they are freed (4 L with float32), then
+# its output, 1/W of that (`foreach_reduce` in `_fsdp_collectives.py`). The table counts the
+# weights only; activations are left out. With N parameters and W ranks, this lesson's
+# model on 2 ranks, in bytes:
 
 # %%
 fp32 = fsdp["(fp32)"][0]
@@ -448,20 +463,15 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 #
 # ## When a launch goes wrong
 #
-# A rank that raises stops the whole run. `launch` stops the other ranks, which would
-# otherwise wait for it forever at their next collective, and raises an error that says
-# which rank failed and why:
+# If one rank raises, `launch` stops the others (they would wait forever at their next
+# collective) and says which rank failed and why. A taken port, a run past its `timeout` and
+# a device with no backend each get an error that says what to do:
 
 # %%
 from amp_lessons.show import expect_error
 
 with expect_error(D.RankFailedError):
     D.launch([D.fail_job(rank=1, how="raise")], device=DEVICE)
-
-# %% [markdown]
-# A rendezvous port that is already taken (here, by a socket of this notebook), a run that
-# hangs past its `timeout`, and a device with no backend each fail with an error that says
-# what to do:
 
 # %%
 import socket
@@ -510,10 +520,8 @@ with expect_error(D.BackendUnavailableError):
 # - `mp.spawn` of a function defined in a notebook fails. Spawn a function imported from a
 #   module, or launch a module with `torchrun` (or `python -m torch.distributed.run`) and
 #   read what the ranks write to files.
-# - `fp16_compress_hook` casts before it divides: unscaled gradients below fp16's range
-#   are lost before the sum.
-# - A crashed run can leave ranks alive that hold the port and the GPUs. Kill the whole
-#   process group, not only the launcher.
+# - A rank whose launcher was killed is an ordinary process: it keeps the rendezvous port
+#   and its device memory until it exits. Stop it by its process id.
 
 # %% [markdown]
 # ## Exercise: predict FSDP2's dtypes
@@ -543,6 +551,10 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #   `torch/nn/parallel/distributed.py`.
 # - The compress hooks' cast, then divide: `_compress_hook` in
 #   `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`.
+# - FSDP2's divide factors and the reduce-scatter's buffers: `_get_gradient_divide_factors`
+#   and `foreach_reduce`, `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`.
+# - DDP all-reduces from autograd hooks during backward: the `DistributedDataParallel`
+#   docstring.
 # - `cast_forward_inputs`, `output_dtype`: `MixedPrecisionPolicy`,
 #   `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`; `set_requires_gradient_sync`:
 #   `torch/distributed/fsdp/_fully_shard/_fully_shard.py`.

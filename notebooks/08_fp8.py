@@ -98,9 +98,10 @@ for name in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
           f"{2**f.mantissa_bits:>4} values in each")
 
 # %% [markdown]
-# e4m3 covers fewer than half the powers of two fp16 covers. Its name ends in **fn**
-# ("finite, no infinity"): the top exponent holds numbers instead of inf, which is why its
-# largest value is 448. e5m2 is a shortened fp16: same exponent, 2 mantissa bits, with inf.
+# e4m3 covers fewer than half the powers of two fp16 covers. Its name ends in **fn**, in
+# the LLVM/MLIR naming torch follows: **f** for finite (no infinities), **n** for a special
+# NaN encoding (only the all-ones pattern, `S.1111.111`, is NaN; ml_dtypes' README). So the
+# top exponent holds numbers instead of inf, which is why its largest value is 448. e5m2 is a shortened fp16: same exponent, 2 mantissa bits, with inf.
 # Between 1 and 2, each keeps only these values:
 
 # %%
@@ -139,22 +140,20 @@ print(e4m3_overflow())
 print(bits_of(1e6, "fp8_e4m3"))
 
 # %% [markdown]
-# What an eager cast stores for a value too large for e4m3 (not all run here):
+# The rule: clamp before casting (the cell after this list). Why: what an eager cast stores
+# for a value too large for e4m3 depends on where it runs (not all run here):
 #
-# - **on a CPU**: NaN before torch 2.13 (the course's 2.11 runs measure it); 448 from 2.13
-#   on, where torch's shared conversion `fp8e4m3fn_from_fp32_value`
-#   (`torch/headeronly/util/Float8_e4m3fn.h`) saturates;
-# - **on a CUDA GPU**: the same shared conversion, except where torch was built with CUDA 13
-#   and the GPU has compute capability 8.9 or more: there the copy kernel uses the GPU's own
-#   conversion with saturation (`ConvertToFloat8E4M3fnOp` in
-#   `aten/src/ATen/native/cuda/Copy.cu`, in recent releases), 448 even where the CPU gives NaN;
-# - **compiled** (`torch.compile`), the cast is generated code (Triton on a GPU, C++ on a
-#   CPU), with its own rule: the probe above does not cover it.
+# - **on a CPU**: NaN before torch 2.13 (the course's 2.11 runs measure it), 448 from 2.13
+#   on, where torch's shared conversion saturates;
+# - **on a CUDA GPU**: the same, except with a CUDA 13 build on compute capability 8.9 or
+#   more, where the GPU's own saturating conversion gives 448 even where the CPU gives NaN;
+# - **compiled** (`torch.compile`): generated code with its own rule, which the probe above
+#   does not cover.
 #
 # Both answers are wrong for `1e6`: NaN poisons everything it touches, 448 is silently off.
-# e5m2 has inf (the cell below). Real fp8 code never relies on the plain cast: it clamps
-# to the largest value first (torchao does, for exactly this reason), and so does
-# `saturating_cast`, the same on every release and path:
+# e5m2 has inf (the cell below). So clamp to the largest value before casting: torchao's
+# `to_fp8_saturated` does, and so does `saturating_cast`, the same on every release and
+# path:
 
 # %%
 from amp_lessons.fp8 import saturating_cast
@@ -194,20 +193,37 @@ for o in operands:
 
 # %% [markdown]
 # How many powers of two does each kind span, from its smallest nonzero magnitude to its
-# largest? Compare with the spans above.
+# largest? First all layers pooled: the span one factor for every tensor of a kind would
+# have to cover, as a loss scale does for the gradients. Compare with the spans above.
 
 # %%
+def span(tensors):
+    """log2 of the smallest and the largest nonzero magnitude in ``tensors``."""
+    mags = torch.cat([t.flatten() for t in tensors]).abs()
+    return mags[mags > 0].min().log2().item(), mags.max().log2().item()
+
+
 groups = {kind: [getattr(o, kind) for o in operands] for kind in ("input", "weight", "grad_output")}
 spans = {}
 for kind, tensors in groups.items():
-    mags = torch.cat([t.flatten() for t in tensors]).abs()
-    lo, hi = mags[mags > 0].min().log2().item(), mags.max().log2().item()
+    lo, hi = span(tensors)
     spans[kind] = hi - lo
     print(f"{kind:<12} 2^{measured(lo, '.1f')} to 2^{measured(hi, '.1f')}: {measured(hi - lo, '.1f')} powers of two")
 e4m3 = format_info("fp8_e4m3")
 e4m3_span = math.log2(e4m3.max / e4m3.smallest_subnormal)
-amp_lessons.claims.at_least("the output gradients span more powers of two than e4m3 holds",
+amp_lessons.claims.at_least("the output gradients, pooled, span more powers of two than e4m3 holds",
                             spans["grad_output"], round(e4m3_span, 1), ".1f")
+
+# %% [markdown]
+# A scale per tensor (below) has to cover only one tensor's span. The output gradients,
+# layer by layer:
+
+# %%
+per_layer = {o.layer: span([o.grad_output]) for o in operands}
+for layer, (lo, hi) in per_layer.items():
+    print(f"layer {layer}: grad_output spans {measured(hi - lo, '.1f')} powers of two")
+amp_lessons.claims.at_least("even one layer's output gradient can span more powers of two than e4m3 holds",
+                            max(hi - lo for lo, hi in per_layer.values()), round(e4m3_span, 1), ".1f")
 
 # %% [markdown]
 # **Predict:** cast as they are, what share of each kind does e4m3 flush to zero? e5m2?
@@ -293,13 +309,17 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)`, in a higher precision.
 # On a CPU, torch computes exactly that: it dequantizes to float32 and runs a float32
-# matmul (a CPU with AMX may hand per-tensor scales to oneDNN instead:
-# `_scaled_mm_out_cpu`, in ATen's oneDNN code). An fp8 GPU feeds
+# matmul. The exception is decided first, before the scales are looked at: with oneDNN on
+# (`torch.backends.mkldnn`, the default) and a CPU with AMX-INT8 (both operands of one fp8
+# dtype) or AMX-FP16 (mixed e4m3 and e5m2), `_scaled_mm_out_cpu`
+# (`aten/src/ATen/native/Blas.cpp`) hands the call to oneDNN. An fp8 GPU feeds
 # the fp8 values to its tensor cores and applies the scales to the result.
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
 # **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
-# scales, is the result bit for bit the float32 product?
+# scales, is the result bit for bit the float32 product? (On this machine the CPU path is
+# the float32 one; a CPU with AMX runs oneDNN's kernel instead, which the stored answer
+# does not cover.)
 
 # %%
 from amp_lessons.fp8 import reference_mm, scaled_mm, scaled_mm_support
@@ -331,11 +351,10 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # 9.0+; the second operand column-major (cuBLASLt's layout for fp8); its two dimensions and
 # the first operand's inner one multiples of 16; and, on CUDA but not ROCm, never e5m2
 # times e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported", a cuBLASLt
-# restriction since CUDA 12.1): e5m2 is for gradients, paired with an e4m3 operand. Which
-# output dtypes per-row scales allow depends on the kernel torch picks for the GPU and the
-# cuBLAS release; the course asks for bf16 there. Per-row scales need torch 2.13 on a CPU
-# (2.11 takes per-tensor scales only); the cell after the hardware table shows what this
-# release and device take.
+# restriction since CUDA 12.1): e5m2 is for gradients, paired with an e4m3 operand. With
+# per-row scales the course asks for a bf16 output on a GPU (`fp8_support` below). On a
+# CPU, torch 2.11 refuses per-row scales and 2.13 takes them; the cell after the hardware
+# table probes what this release and device take.
 #
 # ## One outlier channel: per tensor against per row
 #
@@ -386,7 +405,9 @@ print(inspect.getsource(Fp8Matmul))
 
 # %% [markdown]
 # `convert_to_fp8` swaps every `nn.Linear` whose two dimensions are multiples of 16 for an
-# `Fp8Linear` sharing its parameters, as torchao's `convert_to_float8_training` does. The
+# `Fp8Linear` sharing its parameters. torchao's `convert_to_float8_training` swaps every
+# `nn.Linear` unless it is given a `module_filter_fn`; its README's example passes one that
+# skips dimensions not divisible by 16, and the torchao cell below passes `fits_fp8`. The
 # weights stay float32 (master weights); the 10-class head stays as it is.
 
 # %%
@@ -455,8 +476,8 @@ from amp_lessons.plots import fp8_training
 fp8_training(runs, scales.series())
 
 # %% [markdown]
-# Right: every operand finds its own scale at every step. How far apart are the gradients'
-# scales and the weights'?
+# In the right-hand panel, every operand finds its own scale at every step. How far apart
+# are the gradients' scales and the weights'?
 
 # %%
 import statistics
@@ -468,8 +489,9 @@ print(amp_lessons.claims.at_least("the gradients' scale is at least 2^8 times th
                                   log2_scale[".grad_output"] - log2_scale[".weight"], 8, ".1f"))
 
 # %% [markdown]
-# That is the whole difference from fp16 with a GradScaler: there, one scale for all
-# gradients; here, one per tensor, recomputed each step.
+# Against fp16 with a GradScaler, two things differ: there, one scale serves all gradients
+# and the inputs and weights are cast as they are; here, every operand (inputs and weights
+# too) is scaled and cast, each tensor with its own scale, recomputed each step.
 #
 # ## The same with torchao
 #
@@ -498,10 +520,12 @@ else:
 # %% [markdown]
 # ## Which hardware runs fp8 fast
 #
-# fp8 pays off only where the matmul runs on fp8 tensor cores: NVIDIA compute capability
-# 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell). `fp8_support` answers from
-# a table of compute capabilities (the rules of `ScaledBlas.cpp` above), not from a
-# measurement; no GPU ran this cell:
+# fp8 pays off only where the matmul runs on fp8 hardware. On NVIDIA GPUs that is compute
+# capability 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell). AMD's MI300-class
+# GPUs run `_scaled_mm` on ROCm too (the refusal in `ScaledBlas.cpp` reads "only supported
+# on CUDA devices with compute capability >= 9.0 or 8.9, or ROCm MI300+"). `fp8_support`
+# answers from NVIDIA's table of compute capabilities (the rules of `ScaledBlas.cpp`
+# above), not from a measurement; no GPU ran this cell:
 
 # %%
 from amp_lessons.hardware import fp8_support
@@ -534,18 +558,15 @@ print(e4m3_overflow(device))
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
 #   flush fewer still. Delayed scaling reuses past amaxes and can overflow.
-# - `torch._scaled_mm` is dequantize-then-matmul: on a CPU literally, on an fp8 GPU on
-#   tensor cores. The weights, the optimizer and the output stay in high precision.
+# - `torch._scaled_mm` is dequantize-then-matmul: on a CPU without AMX literally, on an fp8
+#   GPU on tensor cores. The weights, the optimizer and the output stay in high precision.
 #
 # ## Watch out
 #
-# - What a plain cast stores for a value too large for e4m3 depends on the release and the
-#   path (NaN or 448). Clamp before casting, as `saturating_cast` and torchao do.
-# - On CUDA (torch 2.13): compute capability 8.9+, dimensions multiples of 16, no e5m2 x
-#   e5m2. Keep layers that do not fit (like a 10-class head) in high precision.
-# - An outlier output channel costs per-tensor scaling nothing until it pushes the other
-#   channels below e4m3's normal range (the table above); from there on, scale per row. An
-#   outlier input feature is in every row, and per-row scales do not isolate it.
+# - Never cast to e4m3 unclamped: NaN or 448, by release and path.
+# - Keep layers whose dimensions are not multiples of 16 (a 10-class head) out of fp8:
+#   CUDA refuses them.
+# - An outlier input feature is in every row: per-row scales do not isolate it.
 #
 # ## Exercise: a scale for every row
 #
@@ -569,22 +590,26 @@ my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, 
 check_row_scale(my_row_scale)
 
 # %% [markdown]
-# Once it passes: an all-zero row (a dead unit's gradient) has amax 0, so a plain
-# `max / amax` gives it scale inf, and 0 x inf is NaN. Floor the amax, as `quantize` does.
-#
 # ## Sources
 #
 # What this lesson says of PyTorch and GPUs that no cell computes here:
 #
+# - The `fn` suffix: ml_dtypes' README (`float8_e4m3fn`), after LLVM's `APFloat.h`
+#   (`Float8E4M3FN`).
 # - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value` in
 #   `torch/headeronly/util/Float8_e4m3fn.h` (torch 2.13; `c10/util/Float8_e4m3fn-inl.h`
-#   before), and CUDA's own conversion in `aten/src/ATen/native/cuda/Copy.cu`
-#   (`ConvertToFloat8E4M3fnOp`).
-# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`; e5m2 x e5m2
-#   allowed on ROCm: pytorch/pytorch#148228.
+#   before), and CUDA's own conversion with saturation, `ConvertToFloat8E4M3fnOp` in
+#   `aten/src/ATen/native/cuda/Copy.cu` (recent releases, CUDA 13 builds).
+# - `_scaled_mm`'s CUDA rules, and its refusal naming ROCm MI300+:
+#   `aten/src/ATen/native/cuda/ScaledBlas.cpp`; e5m2 x e5m2 allowed on ROCm:
+#   pytorch/pytorch#148228.
+# - `_scaled_mm` on a CPU: `_scaled_mm_out_cpu` in `aten/src/ATen/native/Blas.cpp` (the AMX
+#   rule to oneDNN; before per-row support, `_scaled_mm_out_cpu_emulated` asserted "Now
+#   _scaled_mm only supports per-tensor scaling for CPU backend.").
+# - Clamping before the cast: `to_fp8_saturated`, `torchao/float8/float8_utils.py`.
 # - Delayed scaling: NVIDIA Transformer Engine's docs, "Using FP8 with Transformer Engine"
-#   (`recipe.DelayedScaling`); torchao's recipes and `convert_to_float8_training`: torchao's
-#   `torchao/float8/README.md`.
+#   (`recipe.DelayedScaling`); torchao's recipes, `convert_to_float8_training` and its
+#   `module_filter_fn` example: torchao's `torchao/float8/README.md`.
 # - Outlier input features in LLMs: Dettmers et al., "LLM.int8()" (2022); Xiao et al.,
 #   "SmoothQuant" (2023).
 # - Which GPUs have fp8 tensor cores: NVIDIA's Ada and Hopper architecture whitepapers;

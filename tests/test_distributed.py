@@ -178,7 +178,7 @@ def test_policy_exercise_checker():
     wrong = dict(right, reduce_scatter="fp32", op="avg")
     verdict = check_policy_prediction(wrong, record)
     assert not verdict.passed
-    assert any("reduce_scatter: not fp32" in f and "param_dtype before torch 2.15" in f for f in verdict.findings)
+    assert any("reduce_scatter: not fp32" in f and "changed in 2.15" in f for f in verdict.findings)
     assert any(f.startswith("op: not 'avg'") for f in verdict.findings)
     empty = check_policy_prediction(dict.fromkeys(right), record)
     assert not empty.passed and "no answer yet" in str(empty)

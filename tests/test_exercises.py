@@ -151,3 +151,31 @@ def test_setup_checker_refuses_bf16_for_the_float16_task_and_names_the_mistake_n
     assert "enabled=(dtype == torch.float16)" not in text and "switched off" in text
     # Adam's eps is a consequence of model.half(), reported with it, not as a third mistake
     assert sum("eps=1e-08" in line for line in text.splitlines()) == 1 and "The same mistake" in text
+
+
+def _fp16_policy_record():
+    """One rank's record of an fsdp_job with MixedPrecisionPolicy(param_dtype=torch.float16)."""
+    return {"param_dtype": "fp16", "reduce_dtype": None, "sharded": {"dtype": "float32"},
+            "forward": {"dtype": "float16"}, "gather": {"sent": ["float16"], "buffer": ["float16"]},
+            "reduce": {"sent": ["float16"], "buffer": ["float16"], "ops": ["sum"]}, "grad": {"dtype": "float32"}}
+
+
+def test_policy_prediction_takes_the_op_in_any_case_as_the_dtypes():
+    from amp_lessons.exercises import check_policy_prediction
+
+    right = {"sharded": "FLOAT32", "forward": torch.float16, "reduce_scatter": "fp16", "gradient": "float32"}
+    for op in ("sum", "SUM", " Sum "):
+        assert check_policy_prediction(dict(right, op=op), _fp16_policy_record()).passed, op
+    assert not check_policy_prediction(dict(right, op="AVG"), _fp16_policy_record()).passed
+
+
+def test_policy_prediction_hints_point_without_naming_the_answer():
+    from amp_lessons.exercises import check_policy_prediction
+
+    # reduce_scatter's hint names reduce_dtype=None's default, which differs by torch release
+    wrong = {"sharded": "bf16", "forward": "bf16", "reduce_scatter": "fp16", "gradient": "bf16", "op": "avg"}
+    verdict = check_policy_prediction(wrong, _fp16_policy_record())
+    assert not verdict.passed and len([f for f in verdict.findings if "not " in f]) == 4
+    hints = " ".join(f for f in verdict.findings if not f.startswith(("(the run", "right:")))
+    for answer in ("float32", "float16", "fp16", "fp32", "overflow", "AdamW updates"):
+        assert answer not in hints.replace("'bf16'", ""), answer

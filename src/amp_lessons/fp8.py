@@ -14,9 +14,11 @@ Conventions, the same as torchao's ``float8`` training:
   :func:`amp_lessons.formats.e4m3_overflow`).
 - :meth:`Fp8Tensor.dequantize` multiplies the fp8 values by ``1 / scale``, the inverse
   scale ``torch._scaled_mm`` takes as ``scale_a``/``scale_b``. On a CPU, ``_scaled_mm`` is
-  exactly that: it dequantizes both operands to float32 and runs a float32 matmul
-  (aten/src/ATen/native/Blas.cpp; on CPUs with AMX, per-tensor scales may go to oneDNN),
-  so every number is real and only the speed needs fp8 tensor cores
+  exactly that: it dequantizes both operands to float32 and runs a float32 matmul, except
+  where torch's oneDNN is on and the CPU has AMX-INT8 (two operands of one fp8 dtype) or
+  AMX-FP16 (mixed dtypes): there ``_scaled_mm_out_cpu`` (aten/src/ATen/native/Blas.cpp)
+  hands the call to oneDNN, before it looks at the scales. Every number is real and only
+  the speed needs fp8 tensor cores
   (:func:`amp_lessons.hardware.fp8_support`).
 - "Per row" scales each row of an operand over the dimension the matmul sums over (the
   last one here): ``scale_a`` of shape (M, 1) and ``scale_b`` of shape (1, N).
@@ -208,13 +210,15 @@ def _scaled_mm_refusal(device: str, granularity: str) -> str | None:
 def scaled_mm_support(device="cpu") -> dict[str, str | None]:
     """For each granularity, ``None`` if this torch release runs ``torch._scaled_mm`` with it
     on ``device``, else torch's own reason (probed once with a 16 x 16 e4m3 matmul).
-    On a CPU, torch 2.11 takes per-tensor scales only; 2.13 takes per-row scales too."""
+    On a CPU, torch 2.11 takes per-tensor scales only (its ``_scaled_mm_out_cpu_emulated``
+    asserts "Now _scaled_mm only supports per-tensor scaling for CPU backend."); 2.13 takes
+    per-row scales too."""
     dev = str(torch.device(device))
     return {g: _scaled_mm_refusal(dev, g) for g in GRANULARITIES}
 
 
 def reference_mm(a: Fp8Tensor, b: Fp8Tensor) -> torch.Tensor:
-    """``a @ b.T`` computed as dequantize, then a float32 matmul: what ``_scaled_mm`` does on a CPU."""
+    """``a @ b.T`` computed as dequantize, then a float32 matmul: what ``_scaled_mm`` does on a CPU without AMX."""
     return a.dequantize() @ b.dequantize().t()
 
 
@@ -239,7 +243,7 @@ def scaled_mm(a: Fp8Tensor, b: Fp8Tensor, emulate: bool = False) -> torch.Tensor
             f"torch {version}'s _scaled_mm does not take {a.granularity}-wise scales on "
             f"{a.data.device.type} ({refusal}). torch 2.13 takes per-row scales on a CPU, and a "
             "CUDA GPU of compute capability 8.9+ does; use per-tensor scales, or emulate=True "
-            "(dequantize, then a float32 matmul: the same numbers, without fp8 speed).")
+            "(dequantize, then a float32 matmul: the same numbers up to float32 rounding, without fp8 speed).")
     return _call_scaled_mm(a, b)
 
 

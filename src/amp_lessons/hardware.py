@@ -371,9 +371,12 @@ def supported_precisions(device=None) -> dict[str, str | None]:
 def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
     """(fast, reason): does an fp8 matmul (``torch._scaled_mm``) run on fp8 tensor cores here?
 
-    Pure, for 08_fp8. CUDA's ``_scaled_mm`` runs from compute capability 8.9 (Ada) and 9.0
-    (Hopper) on and refuses older GPUs (aten/src/ATen/native/cuda/ScaledBlas.cpp); on a
-    CPU it dequantizes and runs a float32 matmul: real numbers, no fp8 speed.
+    Pure, for 08_fp8. The table is NVIDIA's: CUDA's ``_scaled_mm`` runs from compute
+    capability 8.9 (Ada) and 9.0 (Hopper) on and refuses older GPUs
+    (aten/src/ATen/native/cuda/ScaledBlas.cpp, whose message also names ROCm MI300+, which
+    this table does not cover); on a CPU it dequantizes and runs a float32 matmul, or goes
+    to oneDNN where the CPU has AMX (``_scaled_mm_out_cpu``, aten/src/ATen/native/Blas.cpp):
+    real numbers, no fp8 speed.
     """
     if device_type == "cuda":
         if not cuda_capability:
@@ -389,8 +392,9 @@ def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
         return (False, f"compute capability {label}: no fp8 tensor cores, and torch._scaled_mm "
                        "refuses to run (it needs 8.9 or 9.0+)")
     if device_type == "cpu":
-        return (False, "CPU: torch._scaled_mm dequantizes to float32 and runs a float32 matmul: "
-                       "the same numbers, no fp8 speed")
+        return (False, "CPU: torch._scaled_mm dequantizes to float32 and runs a float32 matmul, or "
+                       "hands the call to oneDNN where the CPU has AMX (AMX-INT8 for two operands of one "
+                       "fp8 dtype, AMX-FP16 for mixed ones): real fp8 numbers, no fp8 tensor cores")
     return (False, f"{device_type}: no fp8 matmul kernels in torch; fp8 would only be emulated")
 
 

@@ -233,9 +233,10 @@ def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
     if len(known) >= 2:
         hi, lo = max(known, key=known.get), min(known, key=known.get)
         steps = max(len(h) for h in runs.values())
-        verb = "lags" if known[hi] > 1.2 * known[lo] else "ends close to the rest"
-        ax.set_title(f"after {steps} steps, {hi} {verb}: loss {known[hi]:.2f} vs {known[lo]:.2f} "
-                     f"({lo})", fontsize=10)
+        close = "ends close to " + ("the other" if len(known) == 2 else "the rest")
+        verb = "lags" if known[hi] > 1.2 * known[lo] else close
+        ax.set_title(f"after {steps} steps, {hi} {verb}: mean loss of the last {tail} steps "
+                     f"{known[hi]:.2f} vs {known[lo]:.2f} ({lo})", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
@@ -501,7 +502,7 @@ def fp8_training(runs: dict, scales: dict):
     """08: left, the training loss of each run (``{label: History}``); right, the log2 of
     each fp8 operand's per-tensor scale at every step (``{"layer.kind": [log2 scale]}``,
     from :class:`amp_lessons.fp8.ScaleHistory`). The title compares the gradients' scale
-    with the weights': one loss scale could not serve both."""
+    with the weights': how far apart the scales of two kinds of operand sit."""
     import math
     import statistics
 
@@ -526,7 +527,7 @@ def fp8_training(runs: dict, scales: dict):
     if medians["grad_output"] and medians["weight"]:
         g, w = statistics.median(medians["grad_output"]), statistics.median(medians["weight"])
         fig.suptitle(f"each tensor gets its own scale: the gradients' is about 2^{math.floor(g)}, the "
-                     f"weights' 2^{math.floor(w)}; one loss scale could not serve both", fontsize=10)
+                     f"weights' 2^{math.floor(w)}, about 2^{round(g - w)} apart", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
