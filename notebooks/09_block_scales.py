@@ -296,7 +296,7 @@ for element in ("e2m1", "e4m3"):
 
 # %% [markdown]
 # A ratio below 1 is a scale too small: the block's amax lands above the element's largest
-# value and saturates. The OCP rule puts amax between `2^emax` and `2^(emax+1)`, so its ratio
+# value and saturates. The OCP rule puts `amax / X` in [`2^emax`, `2^(emax+1)`), so its ratio
 # is `max / 2^(emax+1)` to `max / 2^emax`: (6/8, 6/4] = (0.75, 1.5] for e2m1, and
 # (448/512, 448/256] = (0.875, 1.75] for e4m3, up to 1.33x or 1.14x too small. rceil's
 # ratio is in [1, 2): never too small, so it saturates nothing, and up to 2x too large

@@ -555,7 +555,7 @@ def cpu_block_refusal() -> str | None:
 
 HARDWARE = (
     ("a CPU", "no block scales: torch's CPU _scaled_mm (aten/src/ATen/native/Blas.cpp, "
-     "_scaled_mm_out_cpu) takes fp8 scales per tensor or per row; with oneDNN built in and "
+     "_scaled_mm_out_cpu) takes fp8 scales per tensor (and per row from torch 2.13); with oneDNN built in and "
      "enabled, on x86, two operands of one fp8 dtype go to oneDNN (mkldnn_scaled_mm) on a CPU with "
      "AMX-INT8, two of mixed dtypes on one with AMX-FP16, and all others dequantize to float32 and "
      "multiply; every block scheme here is emulated"),
