@@ -26,9 +26,8 @@
 # - **1x128 and 128x128**: DeepSeek-V3's fp8 recipe: e4m3 values, a float32 scale per 1x128
 #   tile of activations and per 128x128 block of weights.
 #
-# Blackwell GPUs run MXFP8 and NVFP4 natively. Hopper runs fp8 with a scale per tensor or
-# per row, and DeepSeek-V3's 1x128 and 128x128 scales through cuBLAS 12.9 or newer (torch
-# 2.13's `scaled_mm` does, on sm_90, when its CUDA is 12.9+; the table at the end). Here
+# Blackwell GPUs run MXFP8 and NVFP4 natively; Hopper runs fp8 with a scale per tensor or
+# per row, and the 1x128 and 128x128 scales through cuBLAS (the table at the end). Here
 # every scheme is emulated with integer codes and float32, so every number
 # below is real on any device, and the exact ones are the same everywhere. You will see:
 #
@@ -93,8 +92,10 @@ for code in range(16):
 # %% [markdown]
 # Eight magnitudes (one of them zero, twice: +0 and -0), up to 6, with 0.5 the only
 # subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
-# them, a tie going to the even code (round-to-nearest-even, as a cast does), and anything
-# above 6 saturates to 6:
+# them, a tie going to the even code, and anything above 6 saturates to 6. torch has no
+# cast to e2m1 to copy (copying floats into `float4_e2m1fn_x2` is not implemented), so this
+# is the lesson's choice; it is the rounding of PTX's `cvt.rn.satfinite.e2m1x2.f32`
+# (`.rn`: to nearest, ties to even; `.satfinite`: clamp to the largest finite value):
 
 # %%
 from amp_lessons.blockscale import round_e2m1
@@ -273,6 +274,8 @@ print(check("with rceil scales MXFP8 saturates nothing and beats both its OCP-ru
 # float32 scales, and the ratio of each e8m0 scale to the exact one:
 
 # %%
+import math
+
 from amp_lessons.blockscale import scale_ratios
 
 exact_scales = with_scales("MXFP4", "fp32")
@@ -281,17 +284,23 @@ print("dB lost to e8m0 against exact scales:", {k: measured(v, ".2f") for k, v i
 print(check("a power-of-two scale costs MXFP4 between 0 and 6.02 dB (one factor of 2) on every kind",
             all(0 <= v <= 6.02 for v in cost.values()),
             f"{measured(min(cost.values()), '.2f')} to {measured(max(cost.values()), '.2f')} dB"))
-for rule in ("floor", "rceil"):
-    r = torch.cat([scale_ratios(t, "e2m1", (1, 32), rule) for ts in groups.values() for t in ts])
-    print(f"{rule}: e8m0 scale / exact scale from {measured(r.min().item(), '.4f')} to {measured(r.max().item(), '.4f')}; "
-          f"within {'(0.75, 1.5]' if rule == 'floor' else '[1, 2)'}: "
-          f"{bool(((r > 0.75) & (r <= 1.5)).all() if rule == 'floor' else ((r >= 1) & (r < 2)).all())}")
+for element in ("e2m1", "e4m3"):
+    top = {"e2m1": 6.0, "e4m3": 448.0}[element]
+    emax = math.floor(math.log2(top))
+    for rule, (lo, hi) in (("floor", (top / 2 ** (emax + 1), top / 2**emax)), ("rceil", (1.0, 2.0))):
+        r = torch.cat([scale_ratios(t, element, (1, 32), rule) for ts in groups.values() for t in ts])
+        inside = ((r > lo) & (r <= hi)).all() if rule == "floor" else ((r >= lo) & (r < hi)).all()
+        bounds = f"({lo:g}, {hi:g}]" if rule == "floor" else f"[{lo:g}, {hi:g})"
+        print(f"{element} {rule:<5}: e8m0 scale / exact scale from {measured(r.min().item(), '.4f')} to "
+              f"{measured(r.max().item(), '.4f')}; within {bounds}: {bool(inside)}")
 
 # %% [markdown]
-# Both rules stay within a factor of 2 of the exact scale, by construction: rceil's scale is
-# up to 2x too large (the block uses less of the grid), the OCP rule's up to 1.33x too small
-# (8 / 6) or up to 1.5x too large. OCP's also saturates, as the counts above show for
-# MXFP8 and MXFP4; rceil saturates nothing. The exercise at the end asks for rceil's code.
+# A ratio below 1 is a scale too small: the block's amax lands above the element's largest
+# value and saturates. The OCP rule puts `amax / X` in [`2^emax`, `2^(emax+1)`), so its ratio
+# is `max / 2^(emax+1)` to `max / 2^emax`: (6/8, 6/4] = (0.75, 1.5] for e2m1, and
+# (448/512, 448/256] = (0.875, 1.75] for e4m3, up to 1.33x or 1.14x too small. rceil's
+# ratio is in [1, 2): never too small, so it saturates nothing, and up to 2x too large
+# (the block uses less of the grid). The exercise at the end asks for rceil's code.
 #
 # ## An outlier feature
 #
@@ -316,14 +325,23 @@ for s, e in outlier.items():
 print(check("per row flushes more than 1x128 tiles, those more than MXFP8, which flushes under 1% (per tensor over 20%)",
             outlier["per tensor"].flushed > 0.2 * 16320 and 0.01 * 16320 > outlier["MXFP8"].flushed
             and outlier["per row"].flushed > outlier["1x128"].flushed > outlier["MXFP8"].flushed))
-d = quantize(acts, "MXFP8").dequantize()
-lost = (acts != 0) & (d == 0) & ~feature
-print(f"MXFP8's flushed values in the outlier's block (features 0-31): {int(lost[:, :32].sum())}, "
-      f"in the other 7 blocks: {int(lost[:, 32:].sum())}")
+mx_rceil_outlier = error(acts, rceil, leave_out=feature)
+print(check("MXFP8 also saturates values here, all from the OCP rule: with rceil scales none saturate",
+            outlier["MXFP8"].saturated > 0 and mx_rceil_outlier.saturated == 0,
+            f"OCP rule {outlier['MXFP8'].saturated} saturated, rceil {mx_rceil_outlier.saturated} "
+            f"(and {mx_rceil_outlier.flushed} flushed, against {outlier['MXFP8'].flushed})"))
+q = quantize(acts, "MXFP8")
+lost = (acts != 0) & (q.dequantize() == 0) & ~feature
+over = (acts.abs() / q.scales.repeat_interleave(32, dim=1) > 448) & ~feature
+for what, mask in (("flushed", lost), ("saturated", over)):
+    print(f"MXFP8's {what} values in the outlier's block (features 0-31): {int(mask[:, :32].sum())}, "
+          f"in the other 7 blocks: {int(mask[:, 32:].sum())}")
 
 # %% [markdown]
 # Only the blocks that hold the outlier lose their small values: for MXFP8, one block of
-# 32 in 8 along each row (the count above). No per-row scale can do that.
+# 32 in 8 along each row (the counts above). No per-row scale can do that. MXFP8's
+# saturated values lie in the other blocks, where the OCP rule's scale puts the block's top
+# above 448; rceil saturates none and flushes a few more, its scale being up to 2x larger.
 # DeepSeek-V3's report gives outliers as the reason for its 1x128 activation tiles.
 #
 # ## The block-scaled matmul, exactly
@@ -549,8 +567,10 @@ else:
 #   the first in the low nibble). e8m0 is a bare power of two, 2^-127 to 2^127, 255 = NaN.
 # - With e4m3 elements a finer scale changes little for values in the normal range; it
 #   rescues the small values an outlier would push out (a 32-value block confines an outlier
-#   feature; per-row scales cannot). With e2m1 elements the scale is everything: NVFP4's
-#   16-value blocks and e4m3 scales beat MXFP4's 32 and powers of two.
+#   feature; per-row scales cannot). With e2m1 elements the scale matters more: NVFP4's
+#   16-value blocks and e4m3 scales beat MXFP4's 32 and powers of two, and e8m0 alone costs
+#   MXFP4 less than a bit's 6 dB. The element still sets the level: every e4m3 scheme beats every
+#   e2m1 one by more than 6 dB (the verdicts above).
 # - Emulated in float32, a block-scaled matmul is dequantize-then-matmul, up to accumulation
 #   order. A real kernel may accumulate with less: DeepSeek-V3 (section 3.3) measured about
 #   14 bits on H800's fp8 tensor cores, and adds partial sums into float32 every 128 values.
@@ -559,10 +579,8 @@ else:
 #
 # ## Watch out
 #
-# - The OCP rule, `2^(floor(log2 amax) - emax)`, saturates the top of a block; rceil does
-#   not. Know which one your kernel's quantizer uses.
-# - A power-of-two scale is up to a factor of 2 from the exact one; here it cost MXFP4
-#   between 0 and 6 dB against exact scales (the verdict above).
+# - The OCP rule saturates the top of a block (a scale up to 1.33x too small for e2m1,
+#   1.14x for e4m3); rceil does not. Know which one your kernel's quantizer uses.
 # - `margin` buys headroom for spikes with range at the bottom, on every step.
 # - Round-to-nearest in 4 bits drops a block's small gradient values every step (the block
 #   above). NVIDIA's NVFP4 recipe rounds gradients stochastically; on this small network it
@@ -572,7 +590,7 @@ else:
 #
 # The function below should return each block's e8m0 code: the power of two `X` that puts
 # the block's largest magnitude as high as it can go without passing the element's largest
-# value. One thing is wrong.
+# value (e8m0's smallest, 2^-127, for a block too small for any). One thing is wrong.
 
 # %%
 import inspect
@@ -583,7 +601,8 @@ print(inspect.getsource(e8m0_code_as_given))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_e8m0_code(amax, element_max=448.0):` and fix it. The
-# checker runs it for e4m3 (448) and e2m1 (6) on exact amaxes. As given, it checks the function above:
+# checker runs it for e4m3 (448) and e2m1 (6) on exact amaxes, from float32 subnormals up.
+# As given, it checks the function above:
 
 # %%
 my_e8m0_code = e8m0_code_as_given  # replace with your own: def my_e8m0_code(amax, element_max=448.0): ...
@@ -596,21 +615,18 @@ check_e8m0_code(my_e8m0_code)
 # - OCP Microscaling Formats (MX) Specification v1.0 (2023): MXFP8 and MXFP4 with 32-value
 #   blocks, e8m0 scales (255 = NaN), e2m1's values, the shared scale
 #   `2^(floor(log2(amax)) - emax_elem)`.
-# - torch's `c10/util/Float4_e2m1fn_x2.h` (two e2m1 values per byte, the first in bits 3-0)
-#   and `torch.float8_e8m0fnu`; `torch/nn/functional.py`'s `scaled_mm` with `ScalingType`
-#   (`BlockWise1x16`, `BlockWise1x32`, `BlockWise1x128`, `BlockWise128x128`) and
-#   `SwizzleType.SWIZZLE_32_4_4`, the layout cuBLAS reads block scales in; torch 2.13's
-#   `torch/testing/_internal/common_methods_invocations.py` runs `scaled_mm` with 1x128 and
-#   128x128 scales on sm_90 only, and only where torch's CUDA is 12.9+ ("Blockwise scaling
-#   requires cublasLt >= 12.9").
+# - torch: `c10/util/Float4_e2m1fn_x2.h`, `torch.float8_e8m0fnu`, `torch/nn/functional.py`'s
+#   `scaled_mm` with `ScalingType` (`BlockWise1x16`, `BlockWise1x32`, `BlockWise1x128`,
+#   `BlockWise128x128`) and `SwizzleType.SWIZZLE_32_4_4`, the layout cuBLAS reads block scales
+#   in; `aten/src/ATen/native/cuda/ScaledBlas.cpp`'s `_check_deepseek_support` (1x128 and
+#   128x128 on compute capability 9.x with cuBLASLt 12.9+ only); `aten/src/ATen/native/Blas.cpp`'s
+#   `_scaled_mm_out_cpu` (the CPU row of the table).
+# - PTX ISA, `cvt` with `.e2m1x2`: `.rn` rounds to nearest even, `.satfinite` clamps.
 # - NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference" (blog,
-#   2025): 16-value blocks of e2m1, e4m3 block scales, a float32 tensor scale; "Pretraining
-#   Large Language Models with NVFP4" (arXiv 2509.25149): stochastic rounding of gradients,
-#   random Hadamard transforms, 16x16 weight blocks, some layers kept in higher precision.
-# - cuBLAS documentation, "1D block quantization": block-scaled fp8 and fp4 matmuls on
-#   Blackwell, with e8m0 (MX) or e4m3 (NVFP4) scales in the 128 x 4 tile layout `to_blocked`
-#   writes, and the rceil rule for e8m0 scales (torchao's `ScaleCalculationMode.RCEIL`;
-#   `FLOOR` is the OCP rule).
+#   2025); "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149).
+# - cuBLAS documentation, "1D block quantization": the 128 x 4 tile layout of block scales
+#   (`to_blocked`) and the rceil rule (torchao's `ScaleCalculationMode.RCEIL`; `FLOOR` is
+#   the OCP rule).
 # - Transformer Engine, Common API: `DelayedScaling(margin=0, amax_history_len=1024,
 #   amax_compute_algo="max")`, the scale `fmt.max / amax / 2^margin`
 #   (`nvte_delayed_scaling_recipe_amax_and_scale_update`; in PyTorch,
@@ -619,11 +635,5 @@ check_e8m0_code(my_e8m0_code)
 #   down to a power of two), `Float8CurrentScaling`, `Float8BlockScaling`, and its MXFP8
 #   page: "native hardware acceleration on Blackwell GPUs (SM 10.0+)".
 # - Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale"
-#   (arXiv 2208.07339): outlier features, a few feature dimensions far larger than the
-#   rest, systematic from about 6.7B parameters (every layer, about 75% of the sequence
-#   positions).
-# - Lesson 08 and `amp_lessons.fp8` for torch's CPU `_scaled_mm` (aten/src/ATen/native/Blas.cpp).
-# - DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 3.3: fp8
-#   training on H800 with 1x128 tiles for activations and 128x128 blocks for weights, scales
-#   applied while accumulating on CUDA cores; the fp8 tensor cores' accumulation keeps about
-#   14 bits, so partial sums are promoted to float32 every 128 elements.
+#   (arXiv 2208.07339).
+# - DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 3.3.

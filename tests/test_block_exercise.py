@@ -28,6 +28,14 @@ def test_the_ocp_floor_rule_saturates_too():
     assert not check_e8m0_code(floor).passed
 
 
+def test_ceil_without_the_clamp_fails_on_tiny_blocks():
+    def unclamped(amax, element_max=448.0):
+        return (torch.ceil(torch.log2(amax / element_max)) + 127).to(torch.uint8)
+
+    v = check_e8m0_code(unclamped)
+    assert not v.passed and any("should be 0" in f and "2^-127" in f for f in v.findings)
+
+
 def test_one_power_too_large_wastes_the_top_binade():
     v = check_e8m0_code(lambda a, m=448.0: ceil_code(a, m) + 1)
     assert not v.passed and any("twice as large" in f for f in v.findings)

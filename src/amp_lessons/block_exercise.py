@@ -19,9 +19,11 @@ def e8m0_code_as_given(amax, element_max=448.0):
 
 def _cases() -> torch.Tensor:
     """Exact block amaxes: the element's largest value times powers of two, just above and
-    below them, values across e8m0's range, and an all-zero block (last)."""
+    below them, values across e8m0's range, two so small that their scale would be below
+    e8m0's smallest, 2^-127 (float32 subnormals, so the clamp matters), float32's largest
+    power of two, and an all-zero block (last). No float32 amax needs a scale above 2^127."""
     amax = [1.0, 1.5, 1.75, 1.9375, 2.0, 3.0, 5.0, 6.0, 7.0, 448.0, 449.0, 500.0, 511.0, 512.0,
-            2.0**-20, 3 * 2.0**-20, 2.0**20, 0.0]
+            2.0**-20, 3 * 2.0**-20, 2.0**20, 2.0**-130, 3 * 2.0**-140, 2.0**127, 0.0]
     return torch.tensor(amax)
 
 
@@ -33,9 +35,18 @@ def _check_one(codes, amax: torch.Tensor, top: float) -> tuple[bool, list[str]]:
                        "e8m0 reserves for NaN (an all-zero block needs a code too: log2(0) is -inf)"]
     ratio = amax.double() / e8m0_decode(codes).double()
     nonzero = amax > 0
+    # the exponent a block needs; below -127 e8m0 has nothing smaller, so the answer is code 0
+    needed = torch.ceil(torch.log2(amax.double() / top))
+    floor = nonzero & (needed < -127)
+    unclamped = [i for i in range(len(amax)) if floor[i] and int(codes[i]) != 0]
     over = [i for i in range(len(amax)) if nonzero[i] and ratio[i] > top]
-    low = [i for i in range(len(amax)) if nonzero[i] and ratio[i] <= top / 2]
+    low = [i for i in range(len(amax)) if nonzero[i] and not floor[i] and ratio[i] <= top / 2]
     findings = []
+    if unclamped:
+        i = unclamped[0]
+        findings.append(f"element max {top:g}: a block with amax {amax[i].item():g} needs X = 2^"
+                        f"{int(needed[i])}, below e8m0's smallest, 2^-127: its code should be 0 (clamp "
+                        f"the exponent to [-127, 127]), not {int(codes[i])}")
     if over:
         i = over[0]
         findings.append(f"element max {top:g}: a block with amax {amax[i].item():g} gets X = 2^"
@@ -48,15 +59,17 @@ def _check_one(codes, amax: torch.Tensor, top: float) -> tuple[bool, list[str]]:
                         "needs to be")
     if not findings:
         findings.append(f"element max {top:g}: right: every block's largest value lands above {top / 2:g} "
-                        f"and at most {top:g}, and the all-zero block gets a code below 255")
-    return not (over or low), findings
+                        f"and at most {top:g} (or takes e8m0's smallest scale, code 0, when even that is "
+                        "too large), and the all-zero block gets a code below 255")
+    return not (over or low or unclamped), findings
 
 
 def check_e8m0_code(fn) -> Verdict:
     """09: check the learner's ``fn(amax, element_max) -> codes`` for e4m3 (448) and e2m1 (6)
     blocks: uint8 codes below 255 (NaN), one for an all-zero block too, no block's largest
     value past the element's largest after dividing by ``X``, and none at or below half of it
-    (a scale one power of two too large wastes the element's top binade)."""
+    (a scale one power of two too large wastes the element's top binade), except blocks so
+    small that they need a scale below 2^-127, which must get code 0."""
     amax = _cases()
     findings, passed = [], True
     for top in (448.0, 6.0):

@@ -44,7 +44,8 @@ def scheme_bars(table: dict):
 def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = None):
     """09: for each run (``{label: [Step, ...]}`` from :mod:`amp_lessons.delayed`), left the
     log2 of the tensor's largest magnitude after scaling, against the format's largest
-    value (the band above it saturates); right the values flushed to zero at each step.
+    value (the band above it saturates); right the values flushed to zero at each step, on a
+    symlog axis so that small counts show beside large ones.
     Runs drawn first are drawn wider, so a later run on the same values stays visible."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.9))
     styles = [dict(color="#4c78a8", lw=5, alpha=0.45), dict(color="#e45756", lw=3.2, alpha=0.7),
@@ -61,7 +62,10 @@ def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = N
         left.scatter([s.step for s in hit], [math.log2(s.scaled_amax) for s in hit], color=style["color"],
                      marker="x", s=60, zorder=3)
     left.set(xlabel="step", ylabel="log2 of the largest scaled magnitude")
-    right.set(xlabel="step", ylabel="nonzero values flushed to zero (of 512)")
+    # symlog: the margin's hundreds of flushes a step and one history's few extra stay legible
+    right.set_yscale("symlog", linthresh=1)
+    right.set_ylim(bottom=0)
+    right.set(xlabel="step", ylabel="values flushed to zero (of 512, symlog)")
     if spike_at is not None:
         for ax in (left, right):
             ax.axvline(spike_at, color="grey", lw=0.6, ls=":")

@@ -554,12 +554,16 @@ def cpu_block_refusal() -> str | None:
 # -- which hardware runs what (a lookup) ---------------------------------------------------------------
 
 HARDWARE = (
-    ("a CPU", "none natively: torch's CPU _scaled_mm takes fp8 scales per tensor (and per row from "
-     "torch 2.13) and dequantizes to float32; every block scheme here is emulated"),
+    ("a CPU", "no block scales: torch's CPU _scaled_mm (aten/src/ATen/native/Blas.cpp, "
+     "_scaled_mm_out_cpu) takes fp8 scales per tensor (and per row from torch 2.13); with oneDNN built in and "
+     "enabled, on x86, two operands of one fp8 dtype go to oneDNN (mkldnn_scaled_mm) on a CPU with "
+     "AMX-INT8, two of mixed dtypes on one with AMX-FP16, and all others dequantize to float32 and "
+     "multiply; every block scheme here is emulated"),
     ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; 1x128 and "
-     "128x128 float32 block scales through cuBLAS 12.9+ (torch 2.13's scaled_mm, when its CUDA is "
-     "12.9+); DeepSeek-V3 ran those scales in its own kernels on H800s, applying them while "
-     "accumulating"),
+     "128x128 float32 block scales through cuBLAS: torch 2.13's scaled_mm takes them only on "
+     "compute capability 9.x with cuBLASLt 12.9+ (ScaledBlas.cpp's _check_deepseek_support, "
+     "NotImplementedError otherwise); DeepSeek-V3 ran those scales in its own kernels on H800s, "
+     "applying them while accumulating"),
     ("Blackwell (B200: sm_100)", "MXFP8, MXFP4 and NVFP4 natively: the tensor cores read the block "
      "scales (e8m0, or e4m3 for NVFP4) themselves"),
 )
