@@ -500,10 +500,11 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
         if off < 1e-3:
             findings.append("fixed: the weights end where the reference loop's do")
         else:
+            disabled = bool(log.scalers) and not log.scalers[0]["enabled"]
             causes = [text for found, text in (
                 (misplaced, "the steps taken per micro-batch"),
-                (bool(scaled), "the clips on scaled gradients"),
-                (bool(log.scalers) and not log.scalers[0]["enabled"], "the disabled GradScaler"))
+                (bool(scaled) and not disabled, "the clips on scaled gradients"),
+                (disabled, "the disabled GradScaler"))
                 if found]
             why = (f"the bugs above explain it ({', '.join(causes)}): fix those first" if causes else
                    "unscale_, clip, step and update are in place, so look at what they act on: "
