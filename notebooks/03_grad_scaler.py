@@ -73,10 +73,14 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # Training* paper (section 3.2 and its Figure 3), many activation gradients of a Multibox
 # SSD detector lay below 2^-24, float16's smallest subnormal, and became zeros. To see on a
 # laptop what fp16 does to gradients that small, this lesson multiplies the loss by
-# `LOSS_WEIGHT`, which shrinks every gradient by the same factor. Adam's steps hardly
-# depend on the size of the gradients (only its `eps`, 1e-8, sees it), so in fp32 the run
-# should train much as it would without the weight (checked after the four runs below);
-# what changes is where the gradients sit in fp16's range.
+# `LOSS_WEIGHT`, which shrinks every gradient by the same factor. Adam divides each step
+# by the root of a running average of the squared gradients plus its `eps` (1e-8), so a
+# constant factor cancels, except next to `eps`. Here it does not quite cancel: the weighted
+# gradients (their median is printed below) are as small as `eps`, which then decides
+# much of the step, so even in fp32 the weighted run trains slower than the plain one.
+# With `eps` times the same weight it trains as the plain one does (both checked after
+# the four runs below). The four runs keep the default `eps`, the same in each: what
+# differs between them is where the gradients sit in fp16's range.
 
 # %%
 import math
@@ -126,7 +130,8 @@ print(f"fp32 gradients at or below 2^-25 (fp16 rounds them to 0): "
 # scale moves fp16's gradients up into its range. **Predict** both reports:
 
 # %%
-print(f"bf16 smallest normal: {torch.finfo(torch.bfloat16).tiny:.2e} (fp32: {torch.finfo(torch.float32).tiny:.2e})")
+print(f"bf16 smallest normal: {torch.finfo(torch.bfloat16).tiny:.2e} (fp32: {torch.finfo(torch.float32).tiny:.2e}); "
+      f"smallest subnormal: {torch.finfo(torch.bfloat16).tiny * 2.0**-7:.1e}")
 if can_run["bf16"] is None:
     print(flush_report(fp32, first_step_gradients("bf16", device=device), "bf16"))
 else:
@@ -171,19 +176,28 @@ for label in ("fp16 + GradScaler", "bf16, no scaler"):
         print(at_most(f"{label} ends within 0.05 of fp32's loss", abs(final[label] - ref), 0.05))
 
 # %% [markdown]
-# And the weight itself: the fp32 run again, with the plain cross-entropy (no `LOSS_WEIGHT`):
+# And the weight itself: the fp32 run again with the plain cross-entropy (no `LOSS_WEIGHT`),
+# and the weighted one with Adam's `eps` times `LOSS_WEIGHT`:
 
 # %%
 from torch.nn import functional as F
 
 plain = lesson_trainer("fp32", device=device, loss_fn=F.cross_entropy)
 plain_loss = sum(plain.fit(100)["loss"][-10:]) / 10
-print(f"fp32, weighted: final loss {measured(final['fp32'], '.3f')}, accuracy {measured(accuracy['fp32'], '.3f')}")
-print(f"fp32, plain:    final loss {measured(plain_loss, '.3f')}, accuracy {measured(plain.evaluate(), '.3f')}")
-print(at_most("in fp32 the weighted run ends within 0.1 of the plain run's loss", abs(final["fp32"] - plain_loss), 0.1))
+small_eps = lesson_trainer("fp32", device=device, optimizer=lambda params: torch.optim.AdamW(
+    params, lr=LESSON_SETTINGS["lr"], eps=1e-8 * LOSS_WEIGHT))
+small_eps_loss = sum(small_eps.fit(100)["loss"][-10:]) / 10 / LOSS_WEIGHT
+print(f"fp32, weighted, eps 1e-8:   final loss {measured(final['fp32'], '.3f')}")
+print(f"fp32, weighted, eps x 2^-15: final loss {measured(small_eps_loss, '.3f')}")
+print(f"fp32, plain, eps 1e-8:      final loss {measured(plain_loss, '.3f')}")
+print(at_most("with eps x LOSS_WEIGHT the weighted run ends within 0.005 of the plain run's loss",
+              abs(small_eps_loss - plain_loss), 0.005))
+print(at_least("with the default eps the weighted run ends at least 0.01 above the plain run's loss",
+               final["fp32"] - plain_loss, 0.01))
 
 # %% [markdown]
-# Compare the curves with the zero shares printed above: fp16 alone falls behind while its
+# So the weight costs the fp32 run some loss, all of it through `eps`; the four runs above
+# share that cost. Compare the curves with the zero shares printed above: fp16 alone falls behind while its
 # gradients are zero, since weights whose gradients vanished hardly move from where they
 # started. With
 # a GradScaler, fp16 follows fp32; so does bf16, with no scaler at all.
@@ -238,7 +252,9 @@ print(f"scale now {scaler.get_scale():g}; AdamW has taken {optimizer_steps(opt)}
 # doubles it after `growth_interval` clean steps in a row (`growth_factor=2`; the
 # default interval is 2000 steps). Below, a run with `growth_interval=10`, and the loss
 # made inf on purpose at step 25 (`inject_nonfinite`, a teaching switch of the course's
-# `Trainer`). **Predict** the scale after step 40.
+# `Trainer`). The text names the step whose `update()` changed the scale; the plot draws the
+# scale each step ran with, so a change after step 9 shows at step 10. **Predict** the scale
+# after step 40.
 
 # %%
 from amp_lessons.scaling import describe_scale_changes
@@ -255,7 +271,9 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 # %% [markdown]
 # ## How to tell a step was skipped
 #
-# GradScaler does not say so. Three signs, all readable in your own loop: the scale after
+# GradScaler does not say so: `step` calls `optimizer.step()` only when no inf was found,
+# with no warning or log otherwise (`_maybe_opt_step` in `torch/amp/grad_scaler.py`; the
+# cell below records warnings around a skipped step). Three signs, all readable in your own loop: the scale after
 # `update()` is lower than before it; the optimizer's own step count (Adam's
 # `state[p]["step"]`) did not move; the weights did not change.
 
@@ -266,12 +284,17 @@ print(History(history[23:28]).table(columns=("step", "loss", "scale", "skipped")
 print(f"{history.skipped} of {len(history)} steps skipped; AdamW took {optimizer_steps(trainer.optimizer)} steps")
 
 # %%
+import warnings
+
 trainer = lesson_trainer("fp16", device=device, inject_nonfinite=(3,))
 trainer.fit(3)
 before = [p.detach().clone() for p in trainer.model.parameters()]
-record = trainer.step()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    record = trainer.step()
 print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
-      f"{all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))}")
+      f"{all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))}, "
+      f"warnings raised {len(caught)}")
 
 # %% [markdown]
 # ## Why the first steps can be skipped
@@ -320,61 +343,44 @@ print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW
 #
 # ## The lr scheduler and skipped steps
 #
-# A common loop calls `scheduler.step()` every iteration, skipped or not. The summed-loss
-# run above skips its first steps; here it is with `StepLR` stepped every iteration
-# (`step_scheduler_on_skip=True`). **Predict**: how many warnings, and how far ahead of the
-# optimizer does the schedule get?
+# A common loop calls `scheduler.step()` every iteration, skipped or not. Three runs with
+# `StepLR`: the summed-loss run above (its first steps skipped) and the small-loss run
+# with its step 3 made inf, both stepping the scheduler every iteration
+# (`step_scheduler_on_skip=True`); then the summed-loss run stepping it only when the
+# optimizer stepped, the `Trainer`'s default. **Predict** each one's warnings, and how far
+# ahead of the optimizer each schedule gets.
 
 # %%
 import textwrap
 
-from amp_lessons.scaling import scheduler_warnings
+from amp_lessons.scaling import SCHEDULER_WARNING, scheduler_warnings
 
-messages, trainer = scheduler_warnings(step_scheduler_on_skip=True, steps=4, device=device)
-print(f"{len(messages)} warning; the scheduler stepped {trainer.scheduler.last_epoch} times, "
-      f"AdamW {optimizer_steps(trainer.optimizer)} times, in {len(trainer.history)} iterations:")
-print(textwrap.fill(messages[0], 90))
 
-# %% [markdown]
-# One warning, for the first skipped step: PyTorch checks the order only at the
-# scheduler's first step, when `optimizer.step()` has not run yet. A step skipped *later*
-# moves the schedule on with no warning at all. The same fp16 run with the small loss, its
-# step 3 made inf:
+def print_schedule(name, n_warnings, trainer):
+    print(f"{name:<44} {n_warnings} warning{'s' * (n_warnings != 1)}; scheduler {trainer.scheduler.last_epoch} steps, "
+          f"AdamW {optimizer_steps(trainer.optimizer)}, in {len(trainer.history)} iterations")
 
-# %%
-import warnings
 
-from amp_lessons.scaling import SCHEDULER_WARNING
-
-trainer = lesson_trainer("fp16", device=device, inject_nonfinite=(3,), step_scheduler_on_skip=True,
-                         scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10, 0.5))
+first, trainer = scheduler_warnings(step_scheduler_on_skip=True, steps=4, device=device)
+print_schedule("steps 0-1 skipped, scheduler every iteration", len(first), trainer)
+later = lesson_trainer("fp16", device=device, inject_nonfinite=(3,), step_scheduler_on_skip=True,
+                       scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10, 0.5))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    trainer.fit(6)
-print(f"{sum(SCHEDULER_WARNING in str(w.message) for w in caught)} warnings; the scheduler stepped "
-      f"{trainer.scheduler.last_epoch} times, AdamW {optimizer_steps(trainer.optimizer)} times")
-
-# %% [markdown]
-# Silent, and the schedule is one step ahead of the training: every skipped step moves
-# the warm-up or the decay on for an update that never happened. The fix is to step the
-# scheduler only when the optimizer stepped, which the scale tells:
-#
-# ```python
-# scale = scaler.get_scale()
-# scaler.step(opt)
-# scaler.update()
-# if scaler.get_scale() >= scale:  # not skipped
-#     scheduler.step()
-# ```
-#
-# The `Trainer` does this by default:
-
-# %%
+    later.fit(6)
+print_schedule("step 3 skipped, scheduler every iteration",
+               sum(SCHEDULER_WARNING in str(w.message) for w in caught), later)
 messages, trainer = scheduler_warnings(step_scheduler_on_skip=False, steps=4, device=device)
-print(f"{len(messages)} warnings; the scheduler stepped {trainer.scheduler.last_epoch} times, "
-      f"AdamW {optimizer_steps(trainer.optimizer)} times, in {len(trainer.history)} iterations")
+print_schedule("steps 0-1 skipped, scheduler only if stepped", len(messages), trainer)
+print(textwrap.fill("the warning: " + first[0], 90))
 
 # %% [markdown]
+# One warning, in the first run only: PyTorch checks the order once, at the scheduler's
+# first step, when `optimizer.step()` has not run yet. A step skipped later moves the
+# schedule on with no warning at all, and each skipped step moves the warm-up or the decay
+# on for an update that never happened. Step the scheduler only after a step that was not
+# skipped (the signs above tell which), as the `Trainer` does.
+#
 # ## Saving and restoring the scaler
 #
 # The scale is state, like the optimizer's moments. Save `scaler.state_dict()` with the
@@ -447,7 +453,8 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   halves the scale after it and doubles it after `growth_interval` clean steps.
 # - A skipped step leaves the weights and the optimizer's step count as they were: the
 #   scale dropping is how you see it.
-# - bf16 has float32's range: no flushed gradients, no scaler.
+# - bf16 has float32's range: for this network's gradients no flushed values and no
+#   scaler. It too flushes below its own smallest subnormal (≈9e-41, printed above).
 #
 # ## Watch out
 #
@@ -476,9 +483,10 @@ print(inspect.getsource(amp_step_as_given))
 # %% [markdown]
 # Copy it into the cell below as `def my_step(model, opt, scaler, scheduler, x, y):`, and
 # make it return `True` exactly when GradScaler skipped the step and step the scheduler
-# only otherwise. The checker runs your step on six batches, two of them with an inf in
-# them, and checks what it returns, the weights, AdamW's and the scheduler's step counts
-# and the warning. As given, it checks the step above:
+# only otherwise. The checker runs your step on seven batches: two hold an inf, and before
+# one of them the scale is set far too high (2^40), so that its loss is finite while its
+# scaled gradients overflow. It checks what your step returns, the weights, AdamW's and the
+# scheduler's step counts and the warning. As given, it checks the step above:
 
 # %%
 my_step = amp_step_as_given  # replace with your own: def my_step(model, opt, scaler, scheduler, x, y): ...
@@ -492,8 +500,8 @@ check_amp_step(my_step, device)
 #
 # - `GradScaler`'s defaults (`init_scale=2**16`, `growth_factor=2`, `backoff_factor=0.5`,
 #   `growth_interval=2000`), `step` skipping `optimizer.step()` when `unscale_` found
-#   inf/NaN, and `"cuda"` as the default device, with its warning without CUDA:
-#   `torch/amp/grad_scaler.py`.
+#   inf/NaN, with no warning when it skips (`_maybe_opt_step`), and `"cuda"` as the
+#   default device, with its warning without CUDA: `torch/amp/grad_scaler.py`.
 # - The scheduler's order warning, checked only at its first step:
 #   `LRScheduler.step` in `torch/optim/lr_scheduler.py`.
 # - Adam's `eps` (default 1e-8): `torch/optim/adamw.py`.

@@ -282,6 +282,7 @@ def test_checker_fails_the_planted_loop_and_names_every_bug():
     assert not v.passed
     text = "\n".join(bugs(v))
     assert "GradScaler() was built without a device" in text
+    assert "A bug off CUDA only" in text
     assert "clips ran before scaler.unscale_(opt)" in text
     assert "unscale_ 24x, step 24x, update 24x for 6 optimizer steps" in text
     assert "right: in this loop it is not a bug" in str(v)
@@ -379,6 +380,8 @@ def test_checker_names_what_remains_in_a_partly_fixed_loop():
     assert not v.passed
     assert any(f.startswith("fixed: every clip runs after") for f in v.findings)
     assert [b for b in bugs(v) if "update 24x" in b]
+    (weights,) = [b for b in bugs(v) if "weights moved" in b]
+    assert "the steps taken per micro-batch" in weights and "divided by accum_steps" not in weights
     assert not [b for b in bugs(v) if "clips ran before" in b]
 
 
@@ -393,7 +396,7 @@ def test_checker_catches_a_loss_not_divided_by_k():
     v = check_clipping_loop(fixed_but_not_divided, backward_in_autocast_is_a_bug=False)
     assert not v.passed
     (only,) = bugs(v)
-    assert "divided by accum_steps" in only
+    assert "divided by accum_steps" in only and "are in place" in only
 
 
 def test_backward_inside_autocast_gives_the_same_gradients(data):

@@ -206,11 +206,14 @@ def amp_step_as_given(model, opt, scaler, scheduler, x, y) -> bool:
     return False
 
 
-def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Verdict:
+def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,), steps: int = 7) -> Verdict:
     """03: run the learner's ``step(model, opt, scaler, scheduler, x, y) -> skipped`` for
-    ``steps`` batches of the digits, an inf planted in the batches ``bad_batches`` (a corrupt
-    example), with AdamW, ``GradScaler(device)`` and ``StepLR``; check what it returns, the
-    weights, the optimizer's and the scheduler's step counts, and the lr_scheduler warning.
+    ``steps`` batches of the digits, with AdamW, ``GradScaler(device)`` and ``StepLR``: an inf
+    planted in the batches ``bad_batches`` (a corrupt example), and before each of
+    ``overflow_batches`` the scale set to 2^40 (as after too much growth), so that its loss
+    is finite but its scaled gradients overflow float16; the scale is put back after it.
+    Check what the step returns, the weights, the optimizer's and the scheduler's step
+    counts, and the lr_scheduler warning.
 
     A step counts as skipped when AdamW's own step count did not move, whatever skipped it:
     GradScaler finding an inf, or the learner's own check of the loss.
@@ -228,6 +231,9 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
         if i in bad_batches:
             x = x.clone()
             x[0, 0] = float("inf")
+        if i in overflow_batches:
+            kept = scaler.state_dict()
+            scaler.load_state_dict({**kept, "scale": 2.0**40})
         before = [p.detach().clone() for p in model.parameters()]
         taken = optimizer_steps(opt)
         with warnings.catch_warnings(record=True) as caught:
@@ -238,23 +244,26 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
                 return Verdict(False, [f"step {i} raised {type(err).__name__}: "
                                        f"{str(err).splitlines()[0] if str(err) else ''}"])
         warned += [str(w.message) for w in caught if SCHEDULER_WARNING in str(w.message)]
+        if i in overflow_batches:
+            scaler.load_state_dict(kept)
         returned.append(answer)
         skipped.append(optimizer_steps(opt) == taken)
         unchanged.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
     findings, passed = [], True
     truly = [i for i, s in enumerate(skipped) if s]
     applied = steps - len(truly)
-    if truly == list(bad_batches) and all(unchanged[i] for i in truly):
-        findings.append(f"the optimizer skipped steps {truly}, the batches with an inf, and their "
-                        f"weights stayed as they were; it applied the other {applied}")
+    expected = sorted({*bad_batches, *overflow_batches})
+    if truly == expected and all(unchanged[i] for i in truly):
+        findings.append(f"the optimizer skipped steps {truly}, the batches with an inf and the "
+                        f"overflow, and their weights stayed as they were; it applied the other {applied}")
     else:
         passed = False
-        reached = [i for i in bad_batches if i not in truly]
-        needless = [i for i in truly if i not in bad_batches]
+        reached = [i for i in expected if i not in truly]
+        needless = [i for i in truly if i not in expected]
         if reached:
-            findings.append(f"the batches {reached} hold an inf, yet the optimizer stepped on them: "
-                            "let scaler.step(opt) decide (it skips a step whose gradients hold "
-                            "inf/NaN), with the loss scaled by scaler.scale(loss)")
+            findings.append(f"the gradients of steps {reached} hold an inf, yet the optimizer stepped "
+                            "on them: let scaler.step(opt) decide (it skips a step whose gradients "
+                            "hold inf/NaN), with the loss scaled by scaler.scale(loss)")
         if needless:
             findings.append(f"steps {needless} were skipped although their batches were clean")
         if any(not unchanged[i] for i in truly):
@@ -269,9 +278,13 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), steps: int = 6) -> Ver
             findings.append(f"it returns True exactly on the skipped steps {said}")
         else:
             passed = False
-            findings.append(f"it returns True on steps {said}, but the skipped steps were {truly}: "
-                            "with a GradScaler, a step was skipped when the scale after "
-                            "scaler.update() is lower than before it")
+            missed = [i for i in truly if i not in said and i in overflow_batches]
+            findings.append(f"it returns True on steps {said}, but the skipped steps were {truly}"
+                            + (f": the loss of step {missed[0]} was finite, only its scaled gradients "
+                               "overflowed, so a check of the loss or the inputs cannot see that skip; "
+                               "ask what GradScaler itself changes when it skips"
+                               if missed else ": what changes in GradScaler when it skips a step, "
+                               "and only then?"))
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         passed = False
         findings.append("the weights now hold inf/NaN: a batch with an inf reached the optimizer")
@@ -404,9 +417,11 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
         s = log.scalers[0]
         if not s["device_given"]:
             state = "enabled" if s["enabled"] else "it warned and disabled itself"
-            bug("torch.amp.GradScaler() was built without a device: it means 'cuda', and on a "
-                "machine without CUDA it warns and disables itself, so nothing is scaled "
-                f"(here: {state}). Pass the device: torch.amp.GradScaler(device.type)")
+            bug("torch.amp.GradScaler() was built without a device: it means 'cuda'. A bug off "
+                "CUDA only: on a CUDA machine it is the right scaler, but this checker runs the loop "
+                "on the CPU, where it warns and disables itself, so nothing is scaled "
+                f"(here: {state}). Pass the model's device, torch.amp.GradScaler(device.type), "
+                "and the loop runs anywhere")
         elif s["device"] != "cpu":
             bug(f"GradScaler({s['device']!r}) for a model on the cpu: pass the model's device, "
                 "torch.amp.GradScaler(device.type)")
@@ -431,10 +446,12 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
     # 3. unscale_, clip, step and update once per optimizer step (a loop that stopped early
     # made fewer calls than it would have: nothing to count)
     counts = {name: log.count(name) for name in ("unscale_", "step", "update")}
+    misplaced = False
     backwards = log.count("scale")
     if error is not None:
         pass
     elif any(n != steps for n in counts.values()):
+        misplaced = True
         ran = ", ".join(f"{name} {n}x" for name, n in counts.items())
         bug(f"{ran} for {steps} optimizer steps of {accum_steps} micro-batches: unscale_, "
             "clip, step and update belong after the last micro-batch of each step only")
@@ -483,9 +500,18 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
         if off < 1e-3:
             findings.append("fixed: the weights end where the reference loop's do")
         else:
+            disabled = bool(log.scalers) and not log.scalers[0]["enabled"]
+            causes = [text for found, text in (
+                (misplaced, "the steps taken per micro-batch"),
+                (bool(scaled) and not disabled, "the clips on scaled gradients"),
+                (disabled, "the disabled GradScaler"))
+                if found]
+            why = (f"the bugs above explain it ({', '.join(causes)}): fix those first" if causes else
+                   "unscale_, clip, step and update are in place, so look at what they act on: "
+                   "is each loss divided by accum_steps, and are the gradients zeroed once per "
+                   "optimizer step, after it, and not between micro-batches?")
             bug(f"the weights moved {measured(off, '.0%')} away from the reference loop's (relative to its "
-                "total change): check that each loss is divided by accum_steps and that "
-                "zero_grad runs only after the step")
+                f"total change): {why}")
     extra = sorted({w for w in caught if "GradScaler" not in w})
     findings += [f"warning from your loop: {w}" for w in extra]
     return Verdict(passed, findings)

@@ -226,8 +226,10 @@ def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
         finite = [v for v in losses[-tail:] if math.isfinite(v)]
         ends[label] = statistics.fmean(finite) if finite else math.nan
     k = math.log2(loss_weight)
-    weight = "" if loss_weight == 1.0 else f" (the loss / {f'2^{k:g}' if k == int(k) else f'{loss_weight:g}'})"
-    ax.set(xlabel="optimizer step", ylabel=f"training loss, cross-entropy{weight} (nats)")
+    weight = f"2^{k:g}" if k == int(k) else f"{loss_weight:g}"
+    ylabel = ("training loss, cross-entropy (nats)" if loss_weight == 1.0
+              else f"cross-entropy (nats);\nthe loss trained on is {weight} x it")
+    ax.set(xlabel="optimizer step", ylabel=ylabel)
     ax.legend(frameon=False)
     known = {k: v for k, v in ends.items() if math.isfinite(v)}
     if len(known) >= 2:
@@ -302,15 +304,17 @@ def clipping_runs(runs: dict, max_norm: float):
     first is the reference. Top: the norm the clip saw, against ``max_norm``. Middle: the
     norm of the (unscaled) gradient the optimizer applied, with each run's effective
     threshold (``max_norm`` over the scale when the clip ran before ``unscale_``) dashed.
-    Bottom: the loss. One column at 9 inches, legends beside the panels in 9 pt (the runs
-    named at the top; the middle legend names each run's threshold), so the figure reads at
-    JupyterLab's width. The title compares the run with the smallest
-    updates to the reference (float-kernel figures, marked ``≈``).
+    Bottom: the loss. One column at 9 inches, legends inside the panels in 9 pt (the runs
+    named at the top; the middle legend gives each threshold value once, in the colour of its first run), so the
+    plots take the figure's width. The title compares the run with the smallest updates to
+    the reference on the steps where the reference clipped too (float-kernel figures,
+    marked ``≈``).
     """
     import statistics
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 8.6), layout="constrained")
     colors = ["#4c78a8", "#54a24b", "#e45756", "#b279a2", "#f58518"]
+    named = set()  # thresholds already in the middle legend: each value once
     for i, ((label, h), color) in enumerate(zip(runs.items(), colors)):
         steps = h["step"]
         # the reference wide and pale underneath, so a run that tracks it stays visible on top
@@ -318,8 +322,9 @@ def clipping_runs(runs: dict, max_norm: float):
         axes[0].plot(steps, h["clip_seen_norm"], label=label, **style)
         axes[1].plot(steps, h["applied_norm"], label="_" + label, **style)  # named in the top legend
         threshold = statistics.median(measured_thresholds(h, max_norm))
-        axes[1].axhline(threshold, color=color, ls="--", lw=1,
-                        label=f"{label}: threshold {threshold:.3g}")
+        name = f"{threshold:.3g}"
+        axes[1].axhline(threshold, color=color, ls="--", lw=1, label="_" + name if name in named else name)
+        named.add(name)
         axes[2].plot(steps, h["loss"], label="_" + label, **style)
     axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
     axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip\ncompared (log axis)",
@@ -329,16 +334,21 @@ def clipping_runs(runs: dict, max_norm: float):
                 title="what the optimizer applied (unscaled)")
     axes[2].set(xlabel="optimizer step", ylabel="training loss\n(cross-entropy, nats)",
                 title="loss")
-    for ax in axes[:2]:  # the runs and max_norm; each run's threshold, in its colour
-        ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[0].legend(fontsize=9, frameon=False, loc="best")  # the runs and max_norm
+    axes[1].legend(fontsize=9, frameon=False, loc="best", title="dashed: each run's threshold",
+                   title_fontsize=9)
     for ax in axes:
         ax.spines[["top", "right"]].set_visible(False)
     labels = list(runs)
     ref = runs[labels[0]]
     worst = min(labels, key=lambda k: statistics.median(runs[k]["applied_norm"]))
-    ratio = statistics.median(ref["applied_norm"]) / statistics.median(runs[worst]["applied_norm"])
+    # compared where the reference clipped too: there both applied norms are set by a threshold
+    both = [i for i, r in enumerate(ref) if r.grad_norm > max_norm] or list(range(len(ref)))
+    ratio = (statistics.median(ref["applied_norm"][i] for i in both)
+             / statistics.median(runs[worst]["applied_norm"][i] for i in both))
     tail = max(1, len(ref) // 10)
-    fig.suptitle(f"{worst}: updates {measured(ratio, ',.0f')}x smaller than {labels[0]}'s; loss after "
+    fig.suptitle(f"{worst}: updates {measured(ratio, ',.0f')}x smaller than {labels[0]}'s\non the "
+                 f"{measured(len(both), 'd')} of {len(ref)} steps {labels[0]} clipped too; loss after "
                  f"{len(ref)} steps {measured(statistics.fmean(runs[worst]['loss'][-tail:]), '.2f')} vs "
                  f"{measured(statistics.fmean(ref['loss'][-tail:]), '.2f')}", fontsize=11)
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
