@@ -215,7 +215,9 @@ for op in ("addmm", "bmm", "_softmax", "gelu", "native_layer_norm", "add", "mse_
 #    autocast" (use `binary_cross_entropy_with_logits`; `binary_cross_entropy_banned` in
 #    `autocast_mode.cpp`).
 # 3. Every other op runs in the dtype of its inputs, with ordinary type promotion when
-#    they differ. The residual `add` gets the block's float32 input plus a 16-bit branch,
+#    they differ. (A few ops are on a third list, `promote`: autocast casts their inputs to
+#    the widest dtype among them, `cat` and `stack` on a CPU, `index_put` and `addcmul` among
+#    others on CUDA; the `promote` kernels in `autocast_mode.cpp`.) The residual `add` gets the block's float32 input plus a 16-bit branch,
 #    so its result is float32: that is type promotion, not autocast (`<- already fp32`). It
 #    is also why both `layer_norm`s here got a float32 input (the block's input, then the
 #    residual sum).
@@ -355,9 +357,11 @@ print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype))
 # ran in 16-bit. The rule behind it is in PyTorch's autocast documentation ("Op
 # Eligibility"). Autocast skips:
 #
-# - calls that pass an explicit `dtype=` (the output respects it), on CUDA and CPU: the
-#   `fp32_set_opt_dtype` policy's kernels in `autocast_mode.cpp`; MPS's list has no such
-#   policy, as its replay below shows;
+# - on CUDA, calls that pass an explicit `dtype=` to an op of the `fp32_set_opt_dtype`
+#   policy (the output respects it; the policy's kernels in `autocast_mode.cpp`). The CPU's
+#   and MPS's lists have no such policy: on a CPU, `torch.prod(x, 1, dtype=torch.bfloat16)`
+#   still gets its input cast to float32 (`KERNEL_CPU(prod, dim_int, fp32)` there), and
+#   MPS's replay below shows the same;
 # - in-place ops (`x.exp_()`, `c.addmm_(a, b)`) and calls with `out=`;
 # - float64 tensors, and tensors that are not floating point.
 #
@@ -395,7 +399,8 @@ print(probe_table(["sum(x)", "mean(x)"], dtype))
 # ([pytorch#139390](https://github.com/pytorch/pytorch/pull/139390)), which needs macOS 14
 # or later. Its lists are in the same `autocast_mode.cpp` (the `AutocastMPS` block):
 # matmuls and convolutions run 16-bit, and `softmax`, `log_softmax`, `layer_norm`,
-# `group_norm`, `sum`, `exp` and the losses are on its float32 list, as on CUDA. This course
+# `group_norm`, `sum`, `exp` and most losses are on its float32 list, as on CUDA (not
+# `binary_cross_entropy`, which CUDA bans and MPS's list leaves out). This course
 # has not been run on Apple hardware; the column below replays the lists of the torch
 # installed here, on FakeTensors, and is labelled simulated.
 
@@ -630,7 +635,7 @@ print(autocast_table("card_model", "fp16", "cpu").split("\n\n")[0])
 # - Each device type has its own lists (trace on the device you train on). Ops on no list
 #   follow their inputs, with type promotion (the residual `add` came out float32 because
 #   its input was float32 already, not because of autocast).
-# - On CUDA and CPU, autocast skips calls with an explicit `dtype=` (MPS does not), and
+# - On CUDA, autocast skips calls that name their `dtype=` (a CPU and MPS cast anyway), and
 #   everywhere in-place ops, `out=` and float64. That is why CUDA runs `cross_entropy`'s
 #   log-softmax in 16-bit: it passes `dtype=x.dtype`.
 # - "Reductions stay float32" is true on CUDA for `sum`, not for `mean`, and on a CPU for

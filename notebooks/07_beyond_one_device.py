@@ -173,8 +173,9 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
 # autograd hooks, bucket by bucket: the `DistributedDataParallel` docstring), before
 # `unscale_`: the hook casts gradients still multiplied by the loss scale, which lifts
 # small ones above fp16's subnormals, and an overflow there is an inf the scaler then
-# skips. In float32 or bf16 training nothing lifts them. A compress hook saves time only
-# where the step waits for the all-reduce: measure your step time with it and without it.
+# skips. In float32 or bf16 training nothing lifts them. Whether a compress hook saves
+# time depends on how long the step waits for the all-reduce: measure your step time with it
+# and without it.
 #
 # ### Accumulating gradients under DDP: `no_sync`
 #
@@ -299,7 +300,9 @@ for world in (2, 4, 8, 64):
     print(f"W = {world:>2}: divide by {pre} before the fp16 reduce-scatter, by {world // pre} after")
 
 # %% [markdown]
-# A float32 or bf16 reduce-scatter needs neither: FSDP2 lets it average (`ReduceOp.AVG`).
+# A float32 or bf16 reduce-scatter needs neither: FSDP2 lets it average (`ReduceOp.AVG`),
+# except at world size 1 or where a sum is forced, and with a custom divide factor it uses
+# `PREMUL_SUM` (`_get_gradient_divide_factors`).
 #
 # The same two ranks now each hold 100,000 random gradients of size about 1e-3. How far
 # off is the all-reduced sum, against a float64 one?
@@ -499,7 +502,8 @@ with expect_error(D.BackendUnavailableError):
 #   rounds every gradient.
 # - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and the gradients in float32. It
 #   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`. Left
-#   at None, that is `param_dtype` before torch 2.15 and the parameters' float32 from 2.15 on.
+#   at None, that is `param_dtype` before torch 2.15; from 2.15 on the gradients' own dtype
+#   (the parameter's `grad_dtype`), float32 for these float32 parameters.
 # - Reduce in float32. A 16-bit sum drops small contributions (bf16) or overflows (fp16), and
 #   its error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
@@ -512,7 +516,7 @@ with expect_error(D.BackendUnavailableError):
 # ## Watch out
 #
 # - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16 before
-#   torch 2.15 and in float32 from 2.15 on. Set `reduce_dtype=torch.float32`: the same on
+#   torch 2.15 and, for float32 parameters, in float32 from 2.15 on. Set `reduce_dtype=torch.float32`: the same on
 #   every release.
 # - FSDP2's policy is not autocast: every op of a sharded module runs in `param_dtype`.
 #   `logits.float()` or `output_dtype=torch.float32` makes the loss float32, not the

@@ -143,8 +143,9 @@ print(bits_of(1e6, "fp8_e4m3"))
 # The rule: clamp before casting (the cell after this list). Why: what an eager cast stores
 # for a value too large for e4m3 depends on where it runs (not all run here):
 #
-# - **on a CPU**: NaN before torch 2.13 (the course's 2.11 runs measure it), 448 from 2.13
-#   on, where torch's shared conversion saturates;
+# - **on a CPU**: NaN before torch 2.13, 448 from 2.13 on, where torch's shared conversion
+#   saturates (pull request 178817, "Properly saturate E4M3 on finite-overflow on CPU/C++
+#   conversion code"; lesson 01's widget shows what this release does);
 # - **on a CUDA GPU**: the same, except with a CUDA 13 build on compute capability 8.9 or
 #   more, where the GPU's own saturating conversion gives 448 even where the CPU gives NaN;
 # - **compiled** (`torch.compile`): generated code with its own rule, which the probe above
@@ -552,8 +553,8 @@ print(e4m3_overflow(device))
 # %% [markdown]
 # ## Remember
 #
-# - e4m3 (inputs and weights, 3 mantissa bits) spans fewer than half of fp16's powers of
-#   two. e5m2 (gradients) has fp16's exponent and 2 mantissa bits: fp16's largest values
+# - e4m3 (here for inputs and weights, 3 mantissa bits) spans fewer than half of fp16's
+#   powers of two. e5m2 (here for gradients; recipes differ, some use e4m3 throughout) has fp16's exponent and 2 mantissa bits: fp16's largest values
 #   nearly, but its subnormals stop at 2^-16. A tensor is never cast as it is.
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
