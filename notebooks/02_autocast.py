@@ -703,8 +703,10 @@ check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype
 #   `AutocastCUDA`, `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP
 #   docs' "Autocast Op Reference" (`docs/source/amp.md`), which lists Python-level calls
 #   such as `cross_entropy`.
-# - The calls autocast skips (explicit `dtype=`, in-place, `out=`, float64): "Op
-#   Eligibility" in `docs/source/amp.md`.
+# - The calls autocast skips (in-place, `out=`, float64; and on CUDA an explicit `dtype=`):
+#   "Op Eligibility" in `docs/source/amp.md`; which ops take the `dtype=` shortcut: the
+#   `fp32_set_opt_dtype` kernels of CUDA's block in `aten/src/ATen/autocast_mode.cpp` (the
+#   CPU's block has none).
 # - `cross_entropy` as `log_softmax(x, 1, dtype=x.dtype)` then `nll_loss`:
 #   `cross_entropy_loss` in `aten/src/ATen/native/LossNLL.cpp`.
 # - Backward ops running in the dtype autocast chose for their forward op, and backward
