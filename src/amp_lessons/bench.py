@@ -713,8 +713,8 @@ def _share_reason(label, share, profiled, name, ratio) -> str:
         return text + ": matmul-bound, so the matmul speed shows in the step"
     if share >= 0.3:
         return text + ": the rest of the step (elementwise ops, casts, optimizer) weighs as much"
-    return text + (": elementwise ops, casts, the optimizer and bookkeeping dominate, and 16-bit does "
-                   "not speed those up")
+    return text + (": elementwise ops, casts, the optimizer and bookkeeping dominate; 16 bits speeds up "
+                   "the elementwise ops at most (half the bytes), not the optimizer or the bookkeeping")
 
 
 def speed_reasons(result: BenchResult, precision: str, step_rates: dict | None = None,

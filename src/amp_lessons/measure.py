@@ -510,8 +510,9 @@ class BatchCost:
             if p == "fp32":
                 continue
             n = self.batch_in_fp32_memory(p)
+            verdict = "not 2x" if n < 2 * self.batch else "2x or more"
             out.append(f"in the {budget / MB:.2f} MB fp32 holds at batch {self.batch}, {p} fits batch "
-                       f"{n}, {n / self.batch:.2f}x as large, not 2x")
+                       f"{n}, {n / self.batch:.2f}x as large: {verdict}")
         return out
 
     def peak_line(self) -> str:
