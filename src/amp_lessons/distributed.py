@@ -224,7 +224,7 @@ def check_port(port: int) -> int:
     """``port`` if rank 0 can listen on it, else :class:`PortInUseError`. Both the wildcard
     address (where the rendezvous store listens) and 127.0.0.1 (where the ranks connect) are
     tried: a socket bound to 127.0.0.1 alone blocks the first on Linux, the second on macOS."""
-    if not isinstance(port, int) or not 0 < port < 65536:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer from 1 to 65535, or None for a free one; got {port!r}")
     for host in ("", "127.0.0.1"):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -235,6 +235,61 @@ def check_port(port: int) -> int:
             except OSError as err:
                 raise PortInUseError(_port_message(port, err.strerror)) from None
     return port
+
+
+PORT_TRIES = 20  # free ports tried when each chosen one is claimed by another launch
+
+
+def _lock_path(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"amp-lessons-port-{port}.lock"
+
+
+def _try_lock(f) -> bool:
+    """An exclusive lock on the open file ``f`` without waiting: True when taken. The OS drops
+    it when the file is closed or its process dies, so a crashed launch leaves none behind."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def claim_port(port=None):
+    """The rendezvous port of one launch and the open lock file that reserves it for that
+    launch: close the file when the ranks are done. Two launches at once can never share a
+    port: the second one asking for a port the first holds is refused at once with
+    :class:`PortInUseError` (``port`` given), or gets another free port (``port=None``).
+    A port another program listens on is refused as :func:`check_port` does."""
+    if port is not None:
+        check_port(port)  # the range, and another program listening there
+    for _ in range(1 if port is not None else PORT_TRIES):
+        chosen = free_port() if port is None else port
+        f = open(_lock_path(chosen), "a+b")
+        if _try_lock(f):
+            try:
+                return check_port(chosen), f
+            except PortInUseError:
+                f.close()
+                if port is not None:
+                    raise
+                continue
+        f.close()
+        if port is not None:
+            raise PortInUseError(_port_message(port, "another launch of this course holds it until "
+                                                     "its ranks finish"))
+    raise PortInUseError(f"no free port could be reserved in {PORT_TRIES} tries: every one the OS "
+                         "offered was taken by another launch or program at once. Wait for the other "
+                         "launches to finish, then run again")
 
 
 def _port_message(port, why) -> str:
@@ -275,7 +330,9 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
     """Run ``jobs`` on ``nproc`` ranks and return what they recorded, as a :class:`Run`.
 
     ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank). ``port``: the
-    rendezvous port (None: a free one). ``timeout``: seconds for the whole run.
+    rendezvous port (None: a free one), reserved for this launch until its ranks are done
+    (:func:`claim_port`): a second launch on it is refused at once. ``timeout``: seconds for
+    the whole run.
     ``via="torchrun"`` starts the ranks with ``python -m torch.distributed.run``;
     ``"direct"`` starts them itself, with the same environment torchrun gives them.
     ``threads``: torch threads per rank (torchrun's default, 1). The ranks' output is kept
@@ -290,9 +347,9 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
     if via not in ("direct", "torchrun"):
         raise ValueError(f"via must be 'direct' or 'torchrun'; got {via!r}")
     backend = backend_for(device, nproc)
-    port = free_port() if port is None else check_port(port)
+    port, reserved = claim_port(port)  # held until the ranks are done: no other launch can join them
     marker = uuid.uuid4().hex
-    with tempfile.TemporaryDirectory(prefix="amp-lessons-dist-") as tmp:
+    with reserved, tempfile.TemporaryDirectory(prefix="amp-lessons-dist-") as tmp:
         run_dir = Path(tmp)
         _write_inputs(run_dir, jobs, torch.device(device).type, backend, threads, collective_timeout)
         command = torchrun_command(nproc, port, run_dir)
