@@ -189,7 +189,10 @@ class Run:
 def backend_for(device, nproc: int) -> str:
     """gloo for CPU ranks, NCCL when every rank has a GPU; anything else raises
     :class:`BackendUnavailableError` saying what to use instead."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu' (gloo) or 'cuda' (NCCL, one GPU per rank); got {device!r}") from None
     if not torch.distributed.is_available():
         raise BackendUnavailableError("this torch build has no torch.distributed (torch.distributed."
                                       "is_available() is False): install a build from pytorch.org")
@@ -237,6 +240,7 @@ def check_port(port: int) -> int:
     return port
 
 
+MAX_CPU_RANKS = max(8, os.cpu_count() or 1)
 PORT_TRIES = 20  # free ports tried when each chosen one is claimed by another launch
 
 
@@ -344,6 +348,9 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
     if not jobs or len(set(names)) != len(names) or None in names:
         raise ValueError(f"jobs need distinct names (built by ddp_job, fsdp_job, ...); got {names}")
     _positive(nproc, "nproc")
+    if nproc > MAX_CPU_RANKS and torch.device(device).type == "cpu":
+        raise ValueError(f"nproc must be from 1 to {MAX_CPU_RANKS} on the CPU: each rank is a process "
+                         f"with its own torch (some 300 MB); got {nproc}")
     if via not in ("direct", "torchrun"):
         raise ValueError(f"via must be 'direct' or 'torchrun'; got {via!r}")
     backend = backend_for(device, nproc)
@@ -850,6 +857,9 @@ def selfcheck(device=None) -> list:
 # --- command line -----------------------------------------------------------------------------
 
 
+MAX_CLI_STEPS = 1000  # each of the 6 jobs trains this many steps before the tables print
+
+
 def main(args) -> int:
     """``python -m amp_lessons dist``: the lesson's DDP and FSDP2 tables from a real run."""
     if args.selfcheck:
@@ -858,6 +868,8 @@ def main(args) -> int:
             print(v.line())
         return 0 if all(v.holds for v in verdicts) else 1
     device = args.device or "cpu"
+    if not 1 <= args.steps <= MAX_CLI_STEPS:
+        raise ValueError(f"--steps must be from 1 to {MAX_CLI_STEPS}; got {args.steps}")
     jobs = [ddp_job("DDP fp32", "fp32", steps=args.steps), ddp_job("DDP bf16 autocast", "bf16", steps=args.steps),
             *(fsdp_job(n, p, r, steps=args.steps) for n, p, r in
               (("(fp32)", None, None), ("(bf16, fp32)", "bf16", "fp32"), ("(bf16, None)", "bf16", None),
