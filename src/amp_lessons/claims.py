@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -51,7 +52,8 @@ def measured(value, spec: str = ".3g") -> str:
 
     The tests mask it (it differs between machines); print exact values without it.
     """
-    return MARK + format(value, spec).strip()  # no padding between the mark and the digits
+    _number("measured's value", value, nan=True)
+    return MARK + _format(value, spec).strip()  # no padding between the mark and the digits
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,14 @@ def check(claim: str, holds: bool, figures: str = "", *, value=None, bound=None)
     """
     if not isinstance(claim, str) or not claim.strip():
         raise ValueError("a verdict needs the claim it checks, as a sentence")
-    verdict = Verdict(claim, bool(holds), figures, _float(value), bound, _lesson())
+    if not isinstance(figures, str):
+        raise ValueError(f"figures must be text (format the figures with measured()); got {figures!r}")
+    if value is not None:
+        _number("value", value, nan=True)
+    if bound is not None and not (isinstance(bound, tuple) and len(bound) == 2 and all(
+            b is None or _number("bound", b) is not None for b in bound)):
+        raise ValueError(f"bound must be (low, high), each a number or None; got {bound!r}")
+    verdict = Verdict(claim, _truth(holds), figures, _float(value), bound, _lesson())
     RECORDED.append(verdict)
     _log(verdict)
     if not verdict.holds and strict():
@@ -103,31 +112,91 @@ def check(claim: str, holds: bool, figures: str = "", *, value=None, bound=None)
 
 
 def at_least(claim: str, value: float, bound: float, spec: str = ".3g", figures: str = "") -> Verdict:
-    """``claim`` holds when ``value >= bound``; shows ``≈value`` and the bound."""
+    """``claim`` holds when ``value >= bound``; shows ``≈value`` and the bound. A NaN or
+    infinite ``value`` does not hold; a ``value`` or ``bound`` that is no number is a ValueError."""
+    value, bound = _figure(value), _number("bound", bound)
     shown = f"{measured(value, spec)}; needs >= {bound:g}" + (f"; {figures}" if figures else "")
     return check(claim, _finite(value) and value >= bound, shown, value=value, bound=(bound, None))
 
 
 def at_most(claim: str, value: float, bound: float, spec: str = ".3g", figures: str = "") -> Verdict:
-    """``claim`` holds when ``value <= bound``; shows ``≈value`` and the bound."""
+    """``claim`` holds when ``value <= bound``; shows ``≈value`` and the bound (see :func:`at_least`)."""
+    value, bound = _figure(value), _number("bound", bound)
     shown = f"{measured(value, spec)}; needs <= {bound:g}" + (f"; {figures}" if figures else "")
     return check(claim, _finite(value) and value <= bound, shown, value=value, bound=(None, bound))
 
 
 def between(claim: str, value: float, low: float, high: float, spec: str = ".3g",
             figures: str = "") -> Verdict:
-    """``claim`` holds when ``low <= value <= high``; shows ``≈value`` and the range."""
+    """``claim`` holds when ``low <= value <= high``; shows ``≈value`` and the range (see
+    :func:`at_least`; ``low`` above ``high`` is a ValueError)."""
+    value, low, high = _figure(value), _number("low", low), _number("high", high)
+    if low > high:
+        raise ValueError(f"between needs low <= high; got low {low:g}, high {high:g}: swap them")
     shown = f"{measured(value, spec)}; needs {low:g} to {high:g}" + (f"; {figures}" if figures else "")
     return check(claim, _finite(value) and low <= value <= high, shown, value=value, bound=(low, high))
 
 
 def summary(verdicts=None) -> str:
     """``N verdicts, M held`` and every one that did not hold (gpu-check's last lines)."""
-    verdicts = RECORDED if verdicts is None else list(verdicts)
+    verdicts = RECORDED if verdicts is None else list(verdicts) if not isinstance(verdicts, (str, bytes)) else [verdicts]
+    if not all(isinstance(v, Verdict) for v in verdicts):
+        raise ValueError("summary takes verdicts (what check, at_least, at_most and between return), "
+                         f"or None for this run's; got {verdicts!r:.80}")
     failed = [v for v in verdicts if not v.holds]
     lines = [f"{len(verdicts)} verdicts, {len(verdicts) - len(failed)} held, {len(failed)} did not"]
     lines += [f"  {v.lesson}: {v.line()}" for v in failed]
     return "\n".join(lines)
+
+
+def _scalar(x):
+    """A number as itself; a one-value tensor or array as its Python number; anything else None."""
+    if isinstance(x, bool) or type(x).__name__ == "bool_":
+        return None
+    if isinstance(x, numbers.Real):
+        return x
+    size = getattr(x, "numel", None) or getattr(x, "size", None)
+    size = size() if callable(size) else size
+    if size == 1 and hasattr(x, "item") and "bool" not in str(getattr(x, "dtype", "")):
+        item = x.item()
+        return item if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
+    return None
+
+
+def _number(what: str, x, nan: bool = False) -> float:
+    """``x`` (a number, or a tensor or array holding one) as a float, else a ValueError. NaN
+    is refused unless ``nan``: a bound must be a number a figure can be compared with."""
+    item = _scalar(x)
+    if item is None or (not nan and math.isnan(item)):
+        raise ValueError(f"{what} must be a number (a measured figure or its bound); got {x!r:.80}")
+    return float(item)
+
+
+def _figure(value):
+    """A verdict's measured value: a number (a NaN or inf one makes the verdict fail), as given."""
+    _number("value", value, nan=True)
+    return value
+
+
+def _truth(holds) -> bool:
+    """``holds`` as a bool: True or False, numpy's or a one-value bool tensor; else a ValueError."""
+    if isinstance(holds, bool):
+        return holds
+    size = getattr(holds, "numel", None) or getattr(holds, "size", None)
+    size = size() if callable(size) else size
+    if "bool" in str(getattr(holds, "dtype", type(holds).__name__)) and size in (1, None):
+        return bool(holds)
+    raise ValueError("holds must be True or False: the claim's test, computed from this run's figures "
+                     f"(a comparison such as ratio >= 2); got {holds!r:.80}")
+
+
+def _format(value, spec: str) -> str:
+    if not isinstance(spec, str):
+        raise ValueError(f"spec must be a format spec such as '.3g', '.1%' or ','; got {spec!r}")
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        raise ValueError(f"spec {spec!r} cannot format {value!r:.40}: use one such as '.3g', '.1%' or ','") from None
 
 
 def _finite(value) -> bool:
