@@ -23,6 +23,8 @@ from amp_lessons.scaling import (
     lesson_trainer,
     optimizer_steps,
     scale_changes,
+    scale_run,
+    scheduler_warnings,
     small_loss,
     summed_loss,
 )
@@ -208,3 +210,60 @@ def test_a_step_without_the_scaler_fails_and_a_crash_is_reported():
 
 def test_lesson_data_is_loaded_once():
     assert lesson_data() is lesson_data()
+
+
+def test_scale_run_injects_at_the_step_asked_and_refuses_one_past_the_run():
+    history, final = scale_run(init_scale=2.0**8, growth_interval=2, inject_at=2, steps=4)
+    assert [r.skipped for r in history] == [False, False, True, False]
+    assert history["scale"] == [256.0, 256.0, 512.0, 256.0] and final == 256.0
+    assert scale_run(init_scale=2.0**8, inject_at=-1, steps=2)[0].skipped == 0
+    with pytest.raises(ValueError, match=r"inject_at must be a whole number from -1 to 3 \(-1 or None: no inf"):
+        scale_run(inject_at=4, steps=4)
+
+
+def test_describe_scale_changes_lists_each_change_then_the_skips():
+    h = history_of([8.0, 8.0, 16.0, 16.0, 8.0], skipped=(3,))
+    assert describe_scale_changes(h, 8.0) == ("step   1: grew           8 -> 16\n"
+                                              "step   3: halved        16 -> 8\n"
+                                              "1 of 5 steps skipped")
+
+
+def test_flush_report_counts_and_its_text():
+    ref = torch.tensor([0.0, 1e-8, 2e-8, 1.0])
+    other = torch.tensor([0.0, 0.0, 2e-8, 0.0])
+    r = flush_report(ref, other, "fp16")
+    assert (r.total, r.zero_reference, r.zero_other, r.flushed) == (4, 1, 3, 2)
+    assert r.flushed_fraction == 2 / 3
+    assert str(r) == ("4 gradient values; exactly zero: fp32 ≈25.0%, fp16 ≈75.0%; fp16 flushed "
+                      "≈66.7% of fp32's nonzero values")
+    assert flush_report(torch.zeros(2), torch.zeros(2)).flushed_fraction == 0.0
+
+
+BAD_SCALING = [
+    (lambda: flush_report(torch.ones(3), torch.ones(4)), "differ in shape"),
+    (lambda: flush_report(torch.ones(2, 3), torch.ones(3, 2)), "differ in shape"),
+    (lambda: flush_report([1.0], [0.0]), "reference must be a non-empty floating-point tensor"),
+    (lambda: flush_report(torch.ones(2), torch.arange(2)), "other must be a non-empty floating-point tensor"),
+    (lambda: flush_report(torch.tensor([]), torch.tensor([])), "non-empty"),
+    (lambda: flush_report(torch.ones(2), torch.ones(2), name=3), "name is the other precision's label"),
+    (lambda: optimizer_steps(None), "optimizer must be a torch optimizer"),
+    (lambda: optimizer_steps(torch.nn.Linear(2, 2)), "optimizer must be a torch optimizer"),
+    (lambda: scale_changes({}), r"history must be what trainer.fit\(...\) returned"),
+    (lambda: scale_changes(History()), "with at least one step"),
+    (lambda: scale_changes(history_of([8.0]), final_scale=float("nan")), "final_scale must be"),
+    (lambda: describe_scale_changes([], None), "history must be"),
+    (lambda: scale_run(inject_at="1", steps=2), "inject_at must be a whole number"),
+    (lambda: scale_run(inject_at=99, steps=2), "inject_at must be a whole number from -1 to 1"),
+    (lambda: scale_run(inject_at=-2, steps=2), "inject_at must be a whole number"),
+    (lambda: scale_run(steps=0), "steps must be a positive integer"),
+    (lambda: scale_run(init_scale=float("nan"), steps=2), "init_scale must be a positive finite number"),
+    (lambda: lesson_model("a"), "seed must be a whole number from 0 up"),
+    (lambda: lesson_model(-1), "seed must be a whole number from 0 up"),
+    (lambda: scheduler_warnings("yes", steps=1), "step_scheduler_on_skip must be True"),
+]
+
+
+@pytest.mark.parametrize("call, says", BAD_SCALING, ids=[f"{i}: {s}" for i, (_, s) in enumerate(BAD_SCALING)])
+def test_a_bad_argument_is_refused_with_what_to_pass(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
