@@ -156,3 +156,7 @@ def test_a_bad_argument_says_what_to_pass(call, says):
 def test_eps_zero_stays_zero_and_an_empty_lr_list_gives_empty_curves():
     assert eps_in("fp16", 0.0) == 0.0 and eps_in(torch.bfloat16, 0) == 0.0
     assert lost_fraction_by_lr(_linear(), [torch.ones(2, 4), torch.ones(2)], []) == {"fp32 master": [], "model.half()": []}
+
+
+def test_spacing_takes_a_precision_name_as_eps_in_does():
+    assert torch.equal(spacing(torch.ones(2), "fp16"), spacing(torch.ones(2), torch.float16))

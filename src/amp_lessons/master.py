@@ -64,7 +64,8 @@ def spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     For |w| in [2**(e-1), 2**e) the gap is 2**(e-1) * eps; below the smallest normal it is
     the smallest subnormal.
     """
-    info = torch.finfo(_float_dtype(dtype))
+    dtype = _float_dtype(dtype)
+    info = torch.finfo(dtype)
     w = _tensor("w", w).to(dtype).double().abs()
     _, e = torch.frexp(w)
     gap = torch.ldexp(torch.full_like(w, info.eps), e - 1)
