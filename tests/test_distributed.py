@@ -5,6 +5,7 @@ alone); the others check the arithmetic, the job builders and the errors without
 anything.
 """
 
+import math
 import os
 import signal
 import socket
@@ -164,6 +165,37 @@ def test_a_chosen_port_another_launch_holds_is_passed_over(monkeypatch):
         other, reserved = D.claim_port(None)
         reserved.close()
     assert other != port
+
+
+BAD_LAUNCHES = [
+    (dict(jobs=[None]), "jobs must be a list of jobs built by ddp_job"),
+    (dict(jobs="reduce"), "jobs must be a list of jobs built by ddp_job"),
+    (dict(jobs=[{"name": "x"}]), "jobs must be a list of jobs built by ddp_job"),
+    (dict(jobs=[{"name": "x", "kind": "nope"}]), "jobs must be a list of jobs built by ddp_job"),
+    (dict(nproc=True), "nproc must be a positive integer"),
+    (dict(nproc=2.0), "nproc must be a positive integer"),
+    (dict(nproc=10**6), "nproc must be from 1 to"),
+    (dict(device="tpu"), "device must be 'cpu' \\(gloo\\) or 'cuda'"),
+    (dict(device=None), "device must be 'cpu' \\(gloo\\) or 'cuda'"),
+    (dict(timeout=0), "timeout must be a positive finite number of seconds"),
+    (dict(timeout=-5), "timeout must be a positive finite number of seconds"),
+    (dict(timeout=math.nan), "timeout must be a positive finite number of seconds"),
+    (dict(timeout=math.inf), "timeout must be a positive finite number of seconds"),
+    (dict(timeout="60"), "timeout must be a positive finite number of seconds"),
+    (dict(collective_timeout=0), "collective_timeout must be a positive finite number"),
+    (dict(collective_timeout=math.nan), "collective_timeout must be a positive finite number"),
+    (dict(threads=0), "threads \\(torch threads per rank\\) must be from 1 to"),
+    (dict(threads=10**6), "threads \\(torch threads per rank\\) must be from 1 to"),
+    (dict(via="mpirun"), "via must be 'direct' or 'torchrun'"),
+]
+
+
+@pytest.mark.parametrize("kwargs, says", BAD_LAUNCHES, ids=[str(k) for k, _ in BAD_LAUNCHES])
+def test_a_bad_launch_argument_is_refused_before_any_rank_starts(monkeypatch, kwargs, says):
+    monkeypatch.setattr(D, "_start", lambda *a, **k: pytest.fail("ranks were started"))
+    kwargs = {"jobs": [D.reduce_job()], **kwargs}
+    with pytest.raises(ValueError, match=says):
+        D.launch(kwargs.pop("jobs"), **kwargs)
 
 
 def test_a_port_that_is_not_one_is_refused():

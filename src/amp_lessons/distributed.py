@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import signal
 import socket
@@ -147,8 +148,17 @@ def fail_job(name: str = "fail", rank: int = 1, how: str = "raise", seconds: flo
     return {"kind": "fail", "name": name, "rank": rank, "how": how, "seconds": seconds}
 
 
+JOB_KINDS = ("ddp", "fsdp", "reduce", "fail")
+
+
+def _seconds(what, value) -> float:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} must be a positive finite number of seconds; got {value!r}")
+    return float(value)
+
+
 def _positive(value, what):
-    if not isinstance(value, int) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{what} must be a positive integer; got {value!r}")
     return value
 
@@ -343,11 +353,20 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
     out of the notebook; it appears in the error when a rank fails. A progress bar counts the
     jobs the ranks have finished (``progress=False``, or ``AMP_LESSONS_PROGRESS=0``: none).
     """
+    if not isinstance(jobs, (list, tuple)) or not all(isinstance(j, dict) and j.get("kind") in JOB_KINDS
+                                                        for j in jobs):
+        raise ValueError("jobs must be a list of jobs built by ddp_job, fsdp_job, reduce_job or fail_job; "
+                         f"got {jobs!r:.80}")
     jobs = [dict(j) for j in jobs]
     names = [j.get("name") for j in jobs]
     if not jobs or len(set(names)) != len(names) or None in names:
         raise ValueError(f"jobs need distinct names (built by ddp_job, fsdp_job, ...); got {names}")
     _positive(nproc, "nproc")
+    _seconds("timeout", timeout)
+    _seconds("collective_timeout", collective_timeout)
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= (os.cpu_count() or 1):
+        raise ValueError(f"threads (torch threads per rank) must be from 1 to {os.cpu_count() or 1}, this "
+                         f"machine's CPU threads; got {threads!r}")
     if nproc > MAX_CPU_RANKS and torch.device(device).type == "cpu":
         raise ValueError(f"nproc must be from 1 to {MAX_CPU_RANKS} on the CPU: each rank is a process "
                          f"with its own torch (some 300 MB); got {nproc}")
