@@ -198,3 +198,40 @@ def test_a_bad_argument_is_refused_and_nothing_recorded(call, says):
     with pytest.raises(ValueError, match=says):
         call()
     assert RECORDED == before
+
+
+def test_the_default_spec_shows_three_significant_digits_in_lower_case():
+    assert measured(1.23456e-5) == "≈1.23e-05" and measured(math.inf) == "≈inf"
+    assert str(at_least("x", 1.23456e-5, 1)) == "✗ did not hold here: x (≈1.23e-05; needs >= 1)"
+    assert str(at_most("x", 1.23456e-5, 1)) == "✓ holds: x (≈1.23e-05; needs <= 1)"
+    assert str(between("x", 1.23456e-5, 0, 1)) == "✓ holds: x (≈1.23e-05; needs 0 to 1)"
+    assert str(at_most("x", 0.5, 1, ".1%", "of 4")) == "✓ holds: x (≈50.0%; needs <= 1; of 4)"
+    assert str(between("x", 0.5, 0, 1, ".1%", "of 4")) == "✓ holds: x (≈50.0%; needs 0 to 1; of 4)"
+
+
+def test_strict_mode_is_off_unless_set_to_something_other_than_0(monkeypatch):
+    for off in ("", "0"):
+        monkeypatch.setenv(claims.STRICT_ENV, off)
+        assert not claims.strict() and not check("quiet", False).holds  # recorded, not raised
+    monkeypatch.delenv(claims.STRICT_ENV)
+    assert not claims.strict()
+    monkeypatch.setenv(claims.STRICT_ENV, "yes")
+    assert claims.strict()
+    with pytest.raises(ClaimFailed, match=r"\[lesson_z\]$"):
+        monkeypatch.setenv("AMP_LESSONS_LESSON", "lesson_z")
+        check("loud", False)
+
+
+def test_summary_without_verdicts_reads_this_runs(monkeypatch):
+    monkeypatch.setattr(claims, "RECORDED", [])
+    check("one", True)
+    at_most("two", 2.0, 1.0)
+    assert summary() == summary(claims.RECORDED) and summary().startswith("2 verdicts, 1 held, 1 did not")
+
+
+def test_the_lesson_is_the_running_scripts_name(monkeypatch):
+    monkeypatch.delenv("AMP_LESSONS_LESSON", raising=False)
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/somewhere/03_grad_scaler.py", raising=False)
+    assert check("named", True).lesson == "03_grad_scaler"
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", None, raising=False)
+    assert check("unnamed", True).lesson == ""

@@ -97,12 +97,11 @@ def check(claim: str, holds: bool, figures: str = "", *, value=None, bound=None)
         raise ValueError("a verdict needs the claim it checks, as a sentence")
     if not isinstance(figures, str):
         raise ValueError(f"figures must be text (format the figures with measured()); got {figures!r}")
-    if value is not None:
-        _number("value", value, nan=True)
+    value = None if value is None else _number("value", value, nan=True)
     if bound is not None and not (isinstance(bound, tuple) and len(bound) == 2 and all(
             b is None or _number("bound", b) is not None for b in bound)):
         raise ValueError(f"bound must be (low, high), each a number or None; got {bound!r}")
-    verdict = Verdict(claim, _truth(holds), figures, _float(value), bound, _lesson())
+    verdict = Verdict(claim, _truth(holds), figures, value, bound, _lesson())
     RECORDED.append(verdict)
     _log(verdict)
     if not verdict.holds and strict():
@@ -114,27 +113,27 @@ def check(claim: str, holds: bool, figures: str = "", *, value=None, bound=None)
 def at_least(claim: str, value: float, bound: float, spec: str = ".3g", figures: str = "") -> Verdict:
     """``claim`` holds when ``value >= bound``; shows ``≈value`` and the bound. A NaN or
     infinite ``value`` does not hold; a ``value`` or ``bound`` that is no number is a ValueError."""
-    value, bound = _figure(value), _number("bound", bound)
+    x, bound = _number("value", value, nan=True), _number("bound", bound)
     shown = f"{measured(value, spec)}; needs >= {bound:g}" + (f"; {figures}" if figures else "")
-    return check(claim, _finite(value) and value >= bound, shown, value=value, bound=(bound, None))
+    return check(claim, math.isfinite(x) and x >= bound, shown, value=x, bound=(bound, None))
 
 
 def at_most(claim: str, value: float, bound: float, spec: str = ".3g", figures: str = "") -> Verdict:
     """``claim`` holds when ``value <= bound``; shows ``≈value`` and the bound (see :func:`at_least`)."""
-    value, bound = _figure(value), _number("bound", bound)
+    x, bound = _number("value", value, nan=True), _number("bound", bound)
     shown = f"{measured(value, spec)}; needs <= {bound:g}" + (f"; {figures}" if figures else "")
-    return check(claim, _finite(value) and value <= bound, shown, value=value, bound=(None, bound))
+    return check(claim, math.isfinite(x) and x <= bound, shown, value=x, bound=(None, bound))
 
 
 def between(claim: str, value: float, low: float, high: float, spec: str = ".3g",
             figures: str = "") -> Verdict:
     """``claim`` holds when ``low <= value <= high``; shows ``≈value`` and the range (see
     :func:`at_least`; ``low`` above ``high`` is a ValueError)."""
-    value, low, high = _figure(value), _number("low", low), _number("high", high)
+    x, low, high = _number("value", value, nan=True), _number("low", low), _number("high", high)
     if low > high:
         raise ValueError(f"between needs low <= high; got low {low:g}, high {high:g}: swap them")
     shown = f"{measured(value, spec)}; needs {low:g} to {high:g}" + (f"; {figures}" if figures else "")
-    return check(claim, _finite(value) and low <= value <= high, shown, value=value, bound=(low, high))
+    return check(claim, math.isfinite(x) and low <= x <= high, shown, value=x, bound=(low, high))
 
 
 def summary(verdicts=None) -> str:
@@ -172,12 +171,6 @@ def _number(what: str, x, nan: bool = False) -> float:
     return float(item)
 
 
-def _figure(value):
-    """A verdict's measured value: a number (a NaN or inf one makes the verdict fail), as given."""
-    _number("value", value, nan=True)
-    return value
-
-
 def _truth(holds) -> bool:
     """``holds`` as a bool: True or False, numpy's or a one-value bool tensor; else a ValueError."""
     if isinstance(holds, bool):
@@ -197,22 +190,6 @@ def _format(value, spec: str) -> str:
         return format(value, spec)
     except (TypeError, ValueError):
         raise ValueError(f"spec {spec!r} cannot format {value!r:.40}: use one such as '.3g', '.1%' or ','") from None
-
-
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def _float(value):
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _lesson() -> str:
