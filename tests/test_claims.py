@@ -235,3 +235,35 @@ def test_the_lesson_is_the_running_scripts_name(monkeypatch):
     assert check("named", True).lesson == "03_grad_scaler"
     monkeypatch.setattr(sys.modules["__main__"], "__file__", None, raising=False)
     assert check("unnamed", True).lesson == ""
+
+
+def test_figures_and_holds_from_tensors_and_arrays():
+    assert at_least("x", np.array([2.0]), 1).holds and at_most("x", torch.tensor([0.5]), 1).holds
+    assert not between("x", float("nan"), 0, 1).holds  # a NaN figure fails, it is not refused
+    assert check("x", np.array([True])).holds and not check("x", torch.tensor([False])).holds
+    for many in (np.array([1.0, 2.0]), torch.tensor([1.0, 2.0])):
+        with pytest.raises(ValueError, match="^value must be a number"):
+            at_least("x", many, 1)
+    for truth in (torch.tensor(True), np.bool_(True), np.array([True])):
+        with pytest.raises(ValueError, match="^value must be a number"):
+            at_least("x", truth, 1)
+    for not_one in (np.array([True, False]), np.array(1.0), [True]):
+        with pytest.raises(ValueError, match="^holds must be True or False"):
+            check("x", not_one)
+    with pytest.raises(ValueError, match="^value must be a number"):
+        at_most("x", None, 1)
+    with pytest.raises(ValueError, match="^value must be a number"):
+        between("x", None, 0, 1)
+    with pytest.raises(ValueError, match="^high must be a number"):
+        between("x", 0.5, 0, None)
+    with pytest.raises(ValueError, match="^summary takes verdicts"):
+        summary(3)
+
+
+def test_the_log_names_no_config_when_none_is_set(tmp_path, monkeypatch):
+    log = tmp_path / "claims.jsonl"
+    monkeypatch.setenv(claims.LOG_ENV, str(log))
+    monkeypatch.delenv("AMP_LESSONS_CONFIG", raising=False)
+    at_least("≈ unlogged config", 1.0, 0.5)
+    row = json.loads(log.read_text(encoding="utf-8"))
+    assert row["config"] == "" and row["claim"] == "≈ unlogged config"

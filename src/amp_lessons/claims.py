@@ -53,7 +53,7 @@ def measured(value, spec: str = ".3g") -> str:
     The tests mask it (it differs between machines); print exact values without it.
     """
     _number("measured's value", value, nan=True)
-    return MARK + _format(value, spec).strip()  # no padding between the mark and the digits
+    return MARK + _format(_scalar(value), spec).strip()  # no padding between the mark and the digits
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def between(claim: str, value: float, low: float, high: float, spec: str = ".3g"
 
 def summary(verdicts=None) -> str:
     """``N verdicts, M held`` and every one that did not hold (gpu-check's last lines)."""
-    verdicts = RECORDED if verdicts is None else list(verdicts) if not isinstance(verdicts, (str, bytes)) else [verdicts]
+    verdicts = RECORDED if verdicts is None else list(verdicts) if hasattr(verdicts, "__iter__") else [verdicts]
     if not all(isinstance(v, Verdict) for v in verdicts):
         raise ValueError("summary takes verdicts (what check, at_least, at_most and between return), "
                          f"or None for this run's; got {verdicts!r:.80}")
@@ -148,18 +148,18 @@ def summary(verdicts=None) -> str:
     return "\n".join(lines)
 
 
-def _scalar(x):
-    """A number as itself; a one-value tensor or array as its Python number; anything else None."""
-    if isinstance(x, bool) or type(x).__name__ == "bool_":
-        return None
-    if isinstance(x, numbers.Real):
-        return x
+def _item(x):
+    """The Python value a one-value tensor or array holds (``x.item()``), else None."""
     size = getattr(x, "numel", None) or getattr(x, "size", None)
     size = size() if callable(size) else size
-    if size == 1 and hasattr(x, "item") and "bool" not in str(getattr(x, "dtype", "")):
-        item = x.item()
-        return item if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
-    return None
+    return x.item() if size == 1 and hasattr(x, "item") else None
+
+
+def _scalar(x):
+    """A number as itself; a one-value tensor or array as its Python number; anything else
+    (a bool among them) None."""
+    item = x if isinstance(x, numbers.Real) else _item(x)
+    return item if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
 
 
 def _number(what: str, x, nan: bool = False) -> float:
@@ -173,14 +173,11 @@ def _number(what: str, x, nan: bool = False) -> float:
 
 def _truth(holds) -> bool:
     """``holds`` as a bool: True or False, numpy's or a one-value bool tensor; else a ValueError."""
-    if isinstance(holds, bool):
-        return holds
-    size = getattr(holds, "numel", None) or getattr(holds, "size", None)
-    size = size() if callable(size) else size
-    if "bool" in str(getattr(holds, "dtype", type(holds).__name__)) and size in (1, None):
-        return bool(holds)
-    raise ValueError("holds must be True or False: the claim's test, computed from this run's figures "
-                     f"(a comparison such as ratio >= 2); got {holds!r:.80}")
+    value = holds if isinstance(holds, bool) else _item(holds)
+    if not isinstance(value, bool):
+        raise ValueError("holds must be True or False: the claim's test, computed from this run's figures "
+                         f"(a comparison such as ratio >= 2); got {holds!r:.80}")
+    return value
 
 
 def _format(value, spec: str) -> str:
@@ -194,11 +191,11 @@ def _format(value, spec: str) -> str:
 
 def _lesson() -> str:
     """The lesson running this verdict: a script's name, or AMP_LESSONS_LESSON (set by the tools)."""
-    name = os.environ.get("AMP_LESSONS_LESSON", "")
+    name = os.environ.get("AMP_LESSONS_LESSON")
     if name:
         return name
-    main = getattr(sys.modules.get("__main__"), "__file__", "") or ""
-    return os.path.splitext(os.path.basename(main))[0] if main else ""
+    main = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return os.path.splitext(os.path.basename(main))[0]
 
 
 def _log(verdict: Verdict) -> None:
