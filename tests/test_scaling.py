@@ -267,3 +267,44 @@ BAD_SCALING = [
 def test_a_bad_argument_is_refused_with_what_to_pass(call, says):
     with pytest.raises(ValueError, match=says):
         call()
+
+
+def test_the_defaults_are_lesson_03s():
+    assert lesson_trainer(progress=False).precision == "fp16"
+    assert flush_report(torch.ones(2), torch.ones(2)).name == "fp16"
+    same = [torch.equal(a, b) for a, b in zip(lesson_model().state_dict().values(),
+                                               lesson_model(0).state_dict().values())]
+    other = [torch.equal(a, b) for a, b in zip(lesson_model().state_dict().values(),
+                                                lesson_model(1).state_dict().values())]
+    assert all(same) and not any(other)
+
+
+def test_first_step_gradients_prints_no_progress_bar(capfd, monkeypatch):
+    monkeypatch.delenv("AMP_LESSONS_PROGRESS", raising=False)  # progress=False, not the environment, keeps it quiet
+    first_step_gradients("fp32", device="cpu")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_the_scale_after_the_last_step_defaults_to_the_last_steps():
+    h = history_of([8.0, 16.0, 32.0])
+    assert scale_changes(h) == [(0, "grew", 8.0, 16.0), (1, "grew", 16.0, 32.0)]
+    assert describe_scale_changes(history_of([8.0, 8.0]), 16.0).splitlines()[0] == "step   1: grew           8 -> 16"
+
+
+def test_an_optimizer_without_a_step_count_is_named():
+    model = lesson_model()
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    x, y = lesson_data().x_train[:8], lesson_data().y_train[:8]
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    lbfgs.step(closure)
+    with pytest.raises(ValueError, match="^LBFGS keeps no step count; count the steps whose scale did not drop instead$"):
+        optimizer_steps(lbfgs)
+    with pytest.raises(ValueError, match="^SGD keeps no step count; count the steps whose scale did not drop instead$"):
+        optimizer_steps(torch.optim.SGD(model.parameters(), lr=0.1))
