@@ -15,6 +15,7 @@ from amp_lessons.exercises import amp_step_as_given, check_amp_step
 from amp_lessons.plots import loss_curves, scale_plot
 from amp_lessons.scaling import (
     LOSS_WEIGHT,
+    SCHEDULER_WARNING,
     describe_scale_changes,
     first_step_gradients,
     flush_report,
@@ -243,11 +244,13 @@ BAD_SCALING = [
     (lambda: flush_report(torch.ones(3), torch.ones(4)), "differ in shape"),
     (lambda: flush_report(torch.ones(2, 3), torch.ones(3, 2)), "differ in shape"),
     (lambda: flush_report([1.0], [0.0]), "reference must be a non-empty floating-point tensor"),
-    (lambda: flush_report(torch.ones(2), torch.arange(2)), "other must be a non-empty floating-point tensor"),
+    (lambda: flush_report(torch.ones(2), torch.arange(2)), r"other must be a non-empty floating-point tensor .*; got torch.int64 of shape \(2,\)$"),
+    (lambda: flush_report(torch.ones(2), [0.0]), "other must be .*; got list$"),
     (lambda: flush_report(torch.tensor([]), torch.tensor([])), "non-empty"),
     (lambda: flush_report(torch.ones(2), torch.ones(2), name=3), "name is the other precision's label"),
     (lambda: optimizer_steps(None), "optimizer must be a torch optimizer"),
-    (lambda: optimizer_steps(torch.nn.Linear(2, 2)), "optimizer must be a torch optimizer"),
+    (lambda: optimizer_steps(torch.nn.Linear(2, 2)), r"^optimizer must be a torch optimizer \(e.g. trainer.optimizer\); got Linear$"),
+    (lambda: describe_scale_changes(history_of([8.0]), final_scale=-1.0), "final_scale must be"),
     (lambda: scale_changes({}), r"history must be what trainer.fit\(...\) returned"),
     (lambda: scale_changes(History()), "with at least one step"),
     (lambda: scale_changes(history_of([8.0]), final_scale=float("nan")), "final_scale must be"),
@@ -255,11 +258,12 @@ BAD_SCALING = [
     (lambda: scale_run(inject_at="1", steps=2), "inject_at must be a whole number"),
     (lambda: scale_run(inject_at=99, steps=2), "inject_at must be a whole number from -1 to 1"),
     (lambda: scale_run(inject_at=-2, steps=2), "inject_at must be a whole number"),
-    (lambda: scale_run(steps=0), "steps must be a positive integer"),
+    (lambda: scale_run(steps=0), "^steps must be a whole number from 1 up; got 0$"),
+    (lambda: scale_run(inject_at=2, steps=2.5), "^steps must be a whole number from 1 up; got 2.5$"),
     (lambda: scale_run(init_scale=float("nan"), steps=2), "init_scale must be a positive finite number"),
-    (lambda: lesson_model("a"), "seed must be a whole number from 0 up"),
+    (lambda: lesson_model("a"), "^seed must be a whole number from 0 up; got 'a'$"),
     (lambda: lesson_model(-1), "seed must be a whole number from 0 up"),
-    (lambda: scheduler_warnings("yes", steps=1), "step_scheduler_on_skip must be True"),
+    (lambda: scheduler_warnings("yes", steps=1), r"^step_scheduler_on_skip must be True \(the common loop\)"),
 ]
 
 
@@ -308,3 +312,23 @@ def test_an_optimizer_without_a_step_count_is_named():
         optimizer_steps(lbfgs)
     with pytest.raises(ValueError, match="^SGD keeps no step count; count the steps whose scale did not drop instead$"):
         optimizer_steps(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_scheduler_warnings_records_the_warning_of_the_common_loop_only():
+    wrong, t = scheduler_warnings(True, steps=10)
+    right, u = scheduler_warnings(False, steps=10)
+    assert any(SCHEDULER_WARNING in m for m in wrong) and not any(SCHEDULER_WARNING in m for m in right)
+    assert all(isinstance(m, str) for m in wrong)
+    assert t.precision == "fp16" and len(t.history) == 10 and t.history[0].skipped  # summed loss: step 0 overflows
+    assert t.scheduler.get_last_lr() == [3e-3 * 0.5]  # StepLR(10, 0.5), stepped on all 10 iterations
+    assert u.scheduler.get_last_lr() == [3e-3]  # stepped only on the steps taken, fewer than 10
+    assert len(scheduler_warnings(False)[1].history) == 3
+
+
+def test_scale_run_by_default_is_40_steps_growing_every_10():
+    history, final = scale_run()
+    assert len(history) == 40 and history[0].skipped
+    changes = scale_changes(history, final)
+    grew = [(before[0], step) for before, (step, kind, *_) in zip(changes, changes[1:]) if kind == "grew"]
+    assert grew and all(step - previous == 10 for previous, step in grew)  # 10 clean steps, then it grows
+    assert scale_run(inject_at=0, steps=2)[0][0].skipped and not scale_run(init_scale=1.0, inject_at=None, steps=1)[0][0].skipped

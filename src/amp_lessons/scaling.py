@@ -181,9 +181,9 @@ def scale_run(init_scale=2.0**16, growth_interval=10, inject_at=None, steps=40, 
     plot and its widget: returns ``(history, scale after the last step)``. ``settings`` go to
     the Trainer (the widget passes ``grad_stats=False``: its plot draws no gradient statistics).
     ``inject_at``: a step of the run (0 to ``steps - 1``) whose loss is made inf; None or -1: none."""
+    steps = _whole("steps", steps, 1)
     if inject_at is not None:
-        limit = steps - 1 if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
-        inject_at = _whole("inject_at", inject_at, -1, limit,
+        inject_at = _whole("inject_at", inject_at, -1, steps - 1,
                            " (-1 or None: no inf; else a step of the run, counted from 0)")
     trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss, init_scale=init_scale,
                              growth_interval=growth_interval, progress=False,
