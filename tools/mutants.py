@@ -103,20 +103,25 @@ def equivalent_names(module: str) -> dict[str, str]:
     return out
 
 
-def run_module(module: str, python: str, show: bool, base: Path = ROOT, max_minutes: float = 15) -> dict:
-    """mutmut over one module; its outcome counts."""
-    work = scratch_copy(module, base)
+def run_module(module: str, python: str, show: bool, base: Path = ROOT, max_minutes: float = 15,
+               count_only: bool = False) -> dict:
+    """mutmut over one module (or, ``count_only``, the counts of its last run); its outcome counts."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AMP_LESSONS_PROGRESS": "0", "MPLBACKEND": "Agg"}
     env.pop("PYTHONPATH", None)  # mutmut puts its mutated copy of src first itself
     started = time.monotonic()
-    run = subprocess.Popen(["nice", "-n", "19", python, "-m", "mutmut", "run", "--max-children", "1"],
-                           cwd=work, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
-    try:
-        run.wait(timeout=max_minutes * 60)
-    except subprocess.TimeoutExpired:  # the mutants not run yet are counted as "not checked"
-        os.killpg(run.pid, signal.SIGTERM)
-        run.wait()
-        print(f"{module}: stopped after {max_minutes:g} minutes", flush=True)
+    work = SCRATCH / module
+    if not count_only:
+        work = scratch_copy(module, base)
+        run = subprocess.Popen(["nice", "-n", "19", python, "-m", "mutmut", "run", "--max-children", "1"],
+                               cwd=work, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            run.wait(timeout=max_minutes * 60)
+        except subprocess.TimeoutExpired:  # the mutants not run yet are counted as "not checked"
+            os.killpg(run.pid, signal.SIGTERM)
+            run.wait()
+            print(f"{module}: stopped after {max_minutes:g} minutes", flush=True)
+    elif not (work / "mutants").is_dir():
+        raise SystemExit(f"no earlier run of {module} in {work.relative_to(ROOT)}: run without --count-only")
     minutes = (time.monotonic() - started) / 60
     listing = subprocess.run([python, "-m", "mutmut", "results", "--all", "true"], cwd=work, env=env,
                              check=True, capture_output=True, text=True).stdout
@@ -156,12 +161,14 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the Python that has mutmut")
     parser.add_argument("--max-minutes", type=float, default=15,
                         help="stop a module's run after this long (default 15); the rest count as not checked")
+    parser.add_argument("--count-only", action="store_true",
+                        help="count the outcomes of the last run again (after editing mutants_equivalent.txt)")
     parser.add_argument("--rev", default=None, help="score the code and tests of this git revision "
                         "(e.g. main) instead of the working tree")
     args = parser.parse_args(argv)
-    base = checkout(args.rev)
+    base = ROOT if args.count_only else checkout(args.rev)
     for module in args.modules:
-        run_module(module, args.python, args.show, base, args.max_minutes)
+        run_module(module, args.python, args.show, base, args.max_minutes, args.count_only)
     return 0
 
 
