@@ -59,7 +59,8 @@ BUSY_STYLE = "color:#8a6d00;font-style:italic"
 
 def _controls(controls) -> list:
     """``controls`` as a list of ipywidgets controls, else a ValueError saying what to pass."""
-    if not isinstance(controls, (list, tuple)) or not all(isinstance(c, W.ValueWidget) for c in controls):
+    if not isinstance(controls, (list, tuple)) or not all(isinstance(c, W.Widget) and hasattr(c, "value")
+                                                            for c in controls):
         raise ValueError("controls must be a list of ipywidgets controls (sliders, buttons, text boxes), "
                          f"[] for none; got {controls!r}")
     return list(controls)
