@@ -267,3 +267,15 @@ def test_the_log_names_no_config_when_none_is_set(tmp_path, monkeypatch):
     at_least("≈ unlogged config", 1.0, 0.5)
     row = json.loads(log.read_text(encoding="utf-8"))
     assert row["config"] == "" and row["claim"] == "≈ unlogged config"
+
+
+def test_a_session_without_a_script_has_no_lesson_name(monkeypatch):
+    monkeypatch.delenv("AMP_LESSONS_LESSON", raising=False)
+    monkeypatch.delattr(sys.modules["__main__"], "__file__", raising=False)  # as in an interactive session
+    assert check("interactive", True).lesson == ""
+
+
+def test_ipython_shows_a_verdict_as_its_line():
+    from IPython.lib.pretty import pretty
+
+    assert pretty(at_least("shown", 3.0, 2)) == "✓ holds: shown (≈3; needs >= 2)"
