@@ -332,3 +332,44 @@ def test_scale_run_by_default_is_40_steps_growing_every_10():
     grew = [(before[0], step) for before, (step, kind, *_) in zip(changes, changes[1:]) if kind == "grew"]
     assert grew and all(step - previous == 10 for previous, step in grew)  # 10 clean steps, then it grows
     assert scale_run(inject_at=0, steps=2)[0][0].skipped and not scale_run(init_scale=1.0, inject_at=None, steps=1)[0][0].skipped
+
+
+class WiredTrainer:
+    """Stands in for the Trainer: keeps the arguments lesson 03's functions build it with."""
+
+    built: list = []
+
+    def __init__(self, model, data, **kwargs):
+        self.kwargs = kwargs
+        self.fitted = None
+        WiredTrainer.built.append(self)
+
+    def fit(self, steps):
+        self.fitted = steps
+        return history_of([8.0] * steps)
+
+    def current_scale(self):
+        return 8.0
+
+
+def test_the_runs_are_built_with_the_device_and_settings_asked_for(monkeypatch):
+    import amp_lessons.scaling as scaling
+
+    monkeypatch.setattr(scaling, "Trainer", WiredTrainer)
+    WiredTrainer.built = []
+    scaling.lesson_trainer(device="cuda:7", lr=0.5)
+    scaling.first_step_gradients("bf16", device="cuda:7")
+    scaling.scale_run(2.0**4, 3, 0, 5, "cuda:7", grad_stats=False)
+    scaling.scale_run(steps=2, device="cuda:7")
+    trainer, first, run, plain = (t.kwargs for t in WiredTrainer.built)
+    assert trainer["device"] == first["device"] == run["device"] == "cuda:7"
+    assert trainer["precision"] == "fp16" and trainer["lr"] == 0.5 and trainer["teaching"] is True
+    assert first["precision"] == "bf16" and first["progress"] is False and WiredTrainer.built[1].fitted == 1
+    assert (run["precision"], run["loss_fn"], run["init_scale"], run["growth_interval"]) == ("fp16", summed_loss, 16.0, 3)
+    assert run["inject_nonfinite"] == (0,) and run["grad_stats"] is False and run["progress"] is False
+    assert WiredTrainer.built[2].fitted == 5 and plain["inject_nonfinite"] == () and "grad_stats" not in plain
+
+
+def test_the_last_step_may_be_the_inf_step():
+    history, _ = scale_run(init_scale=2.0**4, inject_at=1, steps=2)
+    assert [r.skipped for r in history] == [False, True]
