@@ -195,3 +195,9 @@ doctor: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(COLAB_VENV) $(NEWEST_VENV) .venv-torch* .pytest_cache .ruff_cache artifacts
+
+# --- mutation testing: small bugs planted in each module, counted when its own tests miss them (long; not in CI) ---
+MUTANTS ?= scaling clipping claims training checkpoints arguments
+.PHONY: mutants
+mutants: $(STAMP)  ## mutmut over $(MUTANTS), each against its own tests/test_<module>.py; prints the score per module
+	$(BIN)/python tools/mutants.py $(MUTANTS) $(MUTANTS_ARGS)

@@ -5,6 +5,7 @@ alone); the others check the arithmetic, the job builders and the errors without
 anything.
 """
 
+import math
 import os
 import signal
 import socket
@@ -151,6 +152,65 @@ def test_a_busy_port_is_refused_before_any_rank_starts(monkeypatch):
     assert D.check_port(D.free_port()) > 0
     with pytest.raises(ValueError, match="port must be an integer"):
         D.check_port(70000)
+
+
+def test_a_port_another_launch_holds_is_refused_before_any_rank_starts(monkeypatch):
+    monkeypatch.setattr(D, "_start", lambda *a, **k: pytest.fail("ranks were started on a held port"))
+    port, held = D.claim_port(None)
+    with held:  # as a launch holds it while its ranks run
+        with pytest.raises(D.PortInUseError, match=f"port {port} is in use \\(another launch of this "
+                                                   "course holds it until its ranks finish\\).*Pass port=None"):
+            D.launch([D.reduce_job()], port=port)
+    again, held = D.claim_port(port)  # released with the file: the port can be claimed again
+    held.close()
+    assert again == port
+
+
+def test_a_chosen_port_another_launch_holds_is_passed_over(monkeypatch):
+    port, held = D.claim_port(None)
+    offered = iter([port, port, D.free_port()])  # the OS offers the held port twice, then another
+    monkeypatch.setattr(D, "free_port", lambda: next(offered))
+    with held:
+        other, reserved = D.claim_port(None)
+        reserved.close()
+    assert other != port
+
+
+BAD_LAUNCHES = [
+    (dict(jobs=[None]), "jobs must be a list of jobs built by ddp_job"),
+    (dict(jobs="reduce"), "jobs must be a list of jobs built by ddp_job"),
+    (dict(jobs=[{"name": "x"}]), "jobs must be a list of jobs built by ddp_job"),
+    (dict(jobs=[{"name": "x", "kind": "nope"}]), "jobs must be a list of jobs built by ddp_job"),
+    (dict(nproc=True), "nproc must be a positive integer"),
+    (dict(nproc=2.0), "nproc must be a positive integer"),
+    (dict(nproc=10**6), "nproc must be from 1 to"),
+    (dict(device="tpu"), "device must be 'cpu' \\(gloo\\) or 'cuda'"),
+    (dict(device=None), "device must be 'cpu' \\(gloo\\) or 'cuda'"),
+    (dict(timeout=0), "timeout must be a positive finite number of seconds"),
+    (dict(timeout=-5), "timeout must be a positive finite number of seconds"),
+    (dict(timeout=math.nan), "timeout must be a positive finite number of seconds"),
+    (dict(timeout=math.inf), "timeout must be a positive finite number of seconds"),
+    (dict(timeout="60"), "timeout must be a positive finite number of seconds"),
+    (dict(collective_timeout=0), "collective_timeout must be a positive finite number"),
+    (dict(collective_timeout=math.nan), "collective_timeout must be a positive finite number"),
+    (dict(threads=0), "threads \\(torch threads per rank\\) must be from 1 to"),
+    (dict(threads=10**6), "threads \\(torch threads per rank\\) must be from 1 to"),
+    (dict(via="mpirun"), "via must be 'direct' or 'torchrun'"),
+]
+
+
+@pytest.mark.parametrize("kwargs, says", BAD_LAUNCHES, ids=[str(k) for k, _ in BAD_LAUNCHES])
+def test_a_bad_launch_argument_is_refused_before_any_rank_starts(monkeypatch, kwargs, says):
+    monkeypatch.setattr(D, "_start", lambda *a, **k: pytest.fail("ranks were started"))
+    kwargs = {"jobs": [D.reduce_job()], **kwargs}
+    with pytest.raises(ValueError, match=says):
+        D.launch(kwargs.pop("jobs"), **kwargs)
+
+
+def test_a_port_that_is_not_one_is_refused():
+    for bad in (0, -1, 65536, True, 8080.0, "8080"):
+        with pytest.raises(ValueError, match="port must be an integer from 1 to 65535"):
+            D.claim_port(bad)
 
 
 def test_cli_and_worker_say_what_to_do(capsys):
@@ -324,6 +384,55 @@ def test_a_rank_that_dies_exiting_after_its_record_loses_nothing():
     assert [r["rank"] for r in run.ranks] == [0, 1] and len(run["reduce"]) == 2
     assert run.exit_codes[0] == -signal.SIGABRT and run.exit_codes[1] == 0
     assert_nothing_left(run)
+
+
+def _launch_together(ports) -> list:
+    """One launch per entry of ``ports``, all started at the same moment from threads:
+    each outcome is a Run or the LaunchError it raised."""
+    import threading
+
+    together = threading.Barrier(len(ports))
+    outcomes = [None] * len(ports)
+
+    def one(i):
+        together.wait()
+        try:
+            outcomes[i] = D.launch([D.reduce_job(n=100)], port=ports[i])
+        except D.LaunchError as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ports))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def _whole(run) -> bool:
+    return [r["rank"] for r in run.ranks] == [0, 1] and run["reduce"][0]["swamp"]["bf16"] == 1.0
+
+
+@pytest.mark.distributed
+def test_two_launches_on_one_port_at_once_both_finish_or_one_is_refused():
+    port = D.free_port()
+    outcomes = _launch_together([port, port])
+    runs = [o for o in outcomes if isinstance(o, D.Run)]
+    refused = [o for o in outcomes if not isinstance(o, D.Run)]
+    assert runs and all(_whole(r) for r in runs)
+    for err in refused:  # refused by the reservation, before it started a rank
+        assert isinstance(err, D.PortInUseError) and "another launch of this course holds it" in str(err)
+    for o in outcomes:
+        if isinstance(o, D.Run):
+            assert_nothing_left(o)
+
+
+@pytest.mark.distributed
+def test_two_launches_on_chosen_ports_at_once_both_finish():
+    runs = _launch_together([None, None])
+    assert all(isinstance(r, D.Run) and _whole(r) for r in runs), runs
+    for r in runs:
+        assert_nothing_left(r)
 
 
 def test_a_silent_death_says_how_far_the_rank_got(tmp_path):

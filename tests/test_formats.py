@@ -465,3 +465,31 @@ def test_a_census_of_measured_values_marks_its_figures():
     assert text.startswith("fp16 x 1: flushed ≈33.333%") and "of ≈3 nonzero values" in text
     assert scaled_census(g, "fp16", 2.0**4, measured=True).measured
     assert "≈" in scale_table(g, 2.0**4, measured=True) and "≈" not in scale_table(g, 2.0**4)
+
+
+BAD_FORMAT_ARGUMENTS = [
+    (lambda: formats.from_layout("x", 0, 3), "exponent_bits must be a whole number from 2 to 11"),
+    (lambda: formats.from_layout("x", 1.5, 3), "exponent_bits must be a whole number from 2 to 11"),
+    (lambda: formats.from_layout("x", 10**6, 3), "exponent_bits must be a whole number from 2 to 11"),
+    (lambda: formats.from_layout("x", 5, -1), "mantissa_bits must be a whole number from 0 to 52"),
+    (lambda: formats.bits_of(10**400, "fp16"), "beyond float64's largest"),
+    (lambda: formats.scale_table(torch.ones(3), 1.0, names=[]), "names must hold at least one format"),
+    (lambda: formats.e4m3_overflow("tpu"), "device must be a torch device such as 'cpu'"),
+    (lambda: formats.e4m3_overflow(3.5), "device must be a torch device such as 'cpu'"),
+]
+
+
+@pytest.mark.parametrize("call, says", BAD_FORMAT_ARGUMENTS, ids=[s for _, s in BAD_FORMAT_ARGUMENTS])
+def test_a_bad_argument_says_what_to_pass(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
+
+
+def test_one_format_name_is_a_table_of_one_and_layouts_at_the_ends_of_the_range():
+    assert formats.formats_table("fp16").splitlines()[1:] == formats.formats_table(["fp16"]).splitlines()[1:]
+    assert len(formats.formats_table("fp16").splitlines()) == 2
+    assert formats.scale_table(torch.ones(3), 1.0, names="bf16").splitlines()[2].startswith("bf16")
+    f64 = formats.from_layout("fp64", 11, 52)
+    assert (f64.max, f64.smallest_normal, f64.eps) == (torch.finfo(torch.float64).max,
+                                                      torch.finfo(torch.float64).smallest_normal, 2.0**-52)
+    assert formats.from_layout("e2m0", 2, 0).max == 2.0

@@ -426,3 +426,39 @@ def test_selfcheck_on_this_cpu():
     verdicts = fp8.selfcheck("cpu")
     assert len(verdicts) == 3 and all(v.holds for v in verdicts), [str(v) for v in verdicts]
     assert "the stricter rules are CUDA's" in str(verdicts[-1])
+
+
+BAD_FP8_ARGUMENTS = [
+    (lambda: fp8.amax(torch.randn(3, 0), "row"), "rows of at least one value"),
+    (lambda: fp8.quantize(torch.ones(2, 2), power_of_2="no"), "power_of_2 must be True or False"),
+    (lambda: fp8.scale_from_amax([2.0]), "amax must be a floating-point tensor"),
+    (lambda: fp8.saturating_cast([1.0]), "must be a floating-point tensor"),
+    (lambda: fp8.saturating_cast(torch.arange(3)), "must be a floating-point tensor"),
+    (lambda: fp8.fp8_census(None), "tensors must be a tensor or a list of tensors"),
+    (lambda: fp8.fp8_census([]), "no tensors to classify: pass a tensor"),
+    (lambda: fp8.census_table({}), "groups must be a non-empty dict"),
+    (lambda: fp8.census_table({"w": [torch.ones(2, 2)]}, "col"), "granularity must be one of tensor, row"),
+    (lambda: fp8.scaled_mm(torch.ones(2, 3), torch.ones(2, 3), emulate=True), "quantize both operands first"),
+    (lambda: fp8.scaled_mm(fp8.quantize(torch.ones(3)), fp8.quantize(torch.ones(3)), emulate=True), "must be matrices"),
+    (lambda: fp8.convert_to_fp8("model"), "model must be a torch.nn.Module"),
+    (lambda: fp8.convert_to_fp8(nn.Linear(16, 16), keep=True), "keep must be a function"),
+    (lambda: fp8.outlier_layer(0.0), "factor must be a positive finite number"),
+    (lambda: fp8.outlier_layer(math.nan), "factor must be a positive finite number"),
+    (lambda: fp8.outlier_layer(2.0**80), r"factor must be a positive finite number up to 2\^64"),
+    (lambda: fp8.outlier_layer(n=0), "n must be a whole number from 1 to 4096"),
+    (lambda: fp8.outlier_layer(batch=-1), "batch must be a whole number from 1 to 4096"),
+    (lambda: fp8.outlier_sweep(("a",)), "exponents must be whole numbers from 0 to 64"),
+    (lambda: fp8.outlier_sweep((10**6,)), "exponents must be whole numbers from 0 to 64"),
+]
+
+
+@pytest.mark.parametrize("call, says", BAD_FP8_ARGUMENTS, ids=[s for _, s in BAD_FP8_ARGUMENTS])
+def test_a_bad_argument_says_what_to_pass(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
+
+
+def test_scale_from_amax_takes_a_number_and_an_empty_batch_has_no_rows():
+    assert fp8.scale_from_amax(2.0).item() == 224.0  # 448 / 2
+    assert fp8.amax(torch.ones(0, 3), "row").shape == (0, 1)
+    assert fp8.outlier_sweep(()) == []

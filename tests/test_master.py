@@ -121,3 +121,42 @@ def test_the_exercise_checker_reports_a_setup_that_raises():
 
     verdict = check_setup(broken, "cpu")
     assert not verdict.passed and "RuntimeError: typo" in str(verdict)
+
+
+def _linear():
+    return torch.nn.Linear(4, 2)
+
+
+BAD_MASTER_ARGUMENTS = [
+    (lambda: eps_in(torch.int32), "dtype must be a floating-point dtype"),
+    (lambda: eps_in("fp16", "a"), "eps must be a finite number >= 0"),
+    (lambda: eps_in("fp16", -1e-8), "eps must be a finite number >= 0"),
+    (lambda: spacing(torch.ones(2), torch.int32), "dtype must be a floating-point dtype"),
+    (lambda: spacing([1.0], torch.float16), "w must be a torch tensor"),
+    (lambda: gradients("model", torch.ones(1, 4), torch.zeros(1, dtype=torch.long)), "model must be a torch.nn.Module"),
+    (lambda: gradients(_linear(), torch.ones(1, 4).numpy(), torch.zeros(1, dtype=torch.long)), "x must be a torch tensor"),
+    (lambda: lost_updates(_linear(), [torch.ones(3, 4), torch.ones(2)], 0.1), r"gradient 0 must be a tensor of its parameter's shape \(2, 4\)"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), [1.0, 1.0]], 0.1), "gradient 1 must be a tensor"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), torch.ones(2)], float("nan")), "lr must be a positive finite number"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), torch.ones(2)], 0.0), "lr must be a positive finite number"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), torch.ones(2)], -1.0), "lr must be a positive finite number"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), torch.ones(2)], float("inf")), "lr must be a positive finite number"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), torch.ones(2)], 0.1, "lion"), "optimizer must be one of sgd, adam, adamw"),
+    (lambda: lost_updates(_linear(), [torch.ones(2, 4), torch.ones(2)], 0.1, "adam", -1.0), "eps must be a positive finite number"),
+    (lambda: lost_fraction_by_lr(_linear(), [torch.ones(2, 4), torch.ones(2)], 0.1), "lrs must be a list of learning rates"),
+]
+
+
+@pytest.mark.parametrize("call, says", BAD_MASTER_ARGUMENTS, ids=[s for _, s in BAD_MASTER_ARGUMENTS])
+def test_a_bad_argument_says_what_to_pass(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
+
+
+def test_eps_zero_stays_zero_and_an_empty_lr_list_gives_empty_curves():
+    assert eps_in("fp16", 0.0) == 0.0 and eps_in(torch.bfloat16, 0) == 0.0
+    assert lost_fraction_by_lr(_linear(), [torch.ones(2, 4), torch.ones(2)], []) == {"fp32 master": [], "model.half()": []}
+
+
+def test_spacing_takes_a_precision_name_as_eps_in_does():
+    assert torch.equal(spacing(torch.ones(2), "fp16"), spacing(torch.ones(2), torch.float16))

@@ -15,6 +15,7 @@ from amp_lessons.exercises import amp_step_as_given, check_amp_step
 from amp_lessons.plots import loss_curves, scale_plot
 from amp_lessons.scaling import (
     LOSS_WEIGHT,
+    SCHEDULER_WARNING,
     describe_scale_changes,
     first_step_gradients,
     flush_report,
@@ -23,6 +24,8 @@ from amp_lessons.scaling import (
     lesson_trainer,
     optimizer_steps,
     scale_changes,
+    scale_run,
+    scheduler_warnings,
     small_loss,
     summed_loss,
 )
@@ -218,3 +221,165 @@ def test_a_step_without_the_scaler_fails_and_a_crash_is_reported():
 
 def test_lesson_data_is_loaded_once():
     assert lesson_data() is lesson_data()
+
+
+def test_scale_run_injects_at_the_step_asked_and_refuses_one_past_the_run():
+    history, final = scale_run(init_scale=2.0**8, growth_interval=2, inject_at=2, steps=4)
+    assert [r.skipped for r in history] == [False, False, True, False]
+    assert history["scale"] == [256.0, 256.0, 512.0, 256.0] and final == 256.0
+    assert scale_run(init_scale=2.0**8, inject_at=-1, steps=2)[0].skipped == 0
+    with pytest.raises(ValueError, match=r"inject_at must be a whole number from -1 to 3 \(-1 or None: no inf"):
+        scale_run(inject_at=4, steps=4)
+
+
+def test_describe_scale_changes_lists_each_change_then_the_skips():
+    h = history_of([8.0, 8.0, 16.0, 16.0, 8.0], skipped=(3,))
+    assert describe_scale_changes(h, 8.0) == ("step   1: grew           8 -> 16\n"
+                                              "step   3: halved        16 -> 8\n"
+                                              "1 of 5 steps skipped")
+
+
+def test_flush_report_counts_and_its_text():
+    ref = torch.tensor([0.0, 1e-8, 2e-8, 1.0])
+    other = torch.tensor([0.0, 0.0, 2e-8, 0.0])
+    r = flush_report(ref, other, "fp16")
+    assert (r.total, r.zero_reference, r.zero_other, r.flushed) == (4, 1, 3, 2)
+    assert r.flushed_fraction == 2 / 3
+    assert str(r) == ("4 gradient values; exactly zero: fp32 ≈25.0%, fp16 ≈75.0%; fp16 flushed "
+                      "≈66.7% of fp32's nonzero values")
+    assert flush_report(torch.zeros(2), torch.zeros(2)).flushed_fraction == 0.0
+
+
+BAD_SCALING = [
+    (lambda: flush_report(torch.ones(3), torch.ones(4)), "differ in shape"),
+    (lambda: flush_report(torch.ones(2, 3), torch.ones(3, 2)), "differ in shape"),
+    (lambda: flush_report([1.0], [0.0]), "reference must be a non-empty floating-point tensor"),
+    (lambda: flush_report(torch.ones(2), torch.arange(2)), r"other must be a non-empty floating-point tensor .*; got torch.int64 of shape \(2,\)$"),
+    (lambda: flush_report(torch.ones(2), [0.0]), "other must be .*; got list$"),
+    (lambda: flush_report(torch.tensor([]), torch.tensor([])), "non-empty"),
+    (lambda: flush_report(torch.ones(2), torch.ones(2), name=3), "name is the other precision's label"),
+    (lambda: optimizer_steps(None), "optimizer must be a torch optimizer"),
+    (lambda: optimizer_steps(torch.nn.Linear(2, 2)), r"^optimizer must be a torch optimizer \(e.g. trainer.optimizer\); got Linear$"),
+    (lambda: describe_scale_changes(history_of([8.0]), final_scale=-1.0), "final_scale must be"),
+    (lambda: scale_changes({}), r"history must be what trainer.fit\(...\) returned"),
+    (lambda: scale_changes(History()), "with at least one step"),
+    (lambda: scale_changes(history_of([8.0]), final_scale=float("nan")), "final_scale must be"),
+    (lambda: describe_scale_changes([], None), "history must be"),
+    (lambda: scale_run(inject_at="1", steps=2), "inject_at must be a whole number"),
+    (lambda: scale_run(inject_at=99, steps=2), "inject_at must be a whole number from -1 to 1"),
+    (lambda: scale_run(inject_at=-2, steps=2), "inject_at must be a whole number"),
+    (lambda: scale_run(steps=0), "^steps must be a whole number from 1 up; got 0$"),
+    (lambda: scale_run(inject_at=2, steps=2.5), "^steps must be a whole number from 1 up; got 2.5$"),
+    (lambda: scale_run(init_scale=float("nan"), steps=2), "init_scale must be a positive finite number"),
+    (lambda: lesson_model("a"), "^seed must be a whole number from 0 up; got 'a'$"),
+    (lambda: lesson_model(-1), "seed must be a whole number from 0 up"),
+    (lambda: scheduler_warnings("yes", steps=1), r"^step_scheduler_on_skip must be True \(the common loop\)"),
+]
+
+
+@pytest.mark.parametrize("call, says", BAD_SCALING, ids=[f"{i}: {s}" for i, (_, s) in enumerate(BAD_SCALING)])
+def test_a_bad_argument_is_refused_with_what_to_pass(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
+
+
+def test_the_defaults_are_lesson_03s():
+    assert lesson_trainer(progress=False).precision == "fp16"
+    assert flush_report(torch.ones(2), torch.ones(2)).name == "fp16"
+    same = [torch.equal(a, b) for a, b in zip(lesson_model().state_dict().values(),
+                                               lesson_model(0).state_dict().values())]
+    other = [torch.equal(a, b) for a, b in zip(lesson_model().state_dict().values(),
+                                                lesson_model(1).state_dict().values())]
+    assert all(same) and not any(other)
+
+
+def test_first_step_gradients_prints_no_progress_bar(capfd, monkeypatch):
+    monkeypatch.delenv("AMP_LESSONS_PROGRESS", raising=False)  # progress=False, not the environment, keeps it quiet
+    first_step_gradients("fp32", device="cpu")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_the_scale_after_the_last_step_defaults_to_the_last_steps():
+    h = history_of([8.0, 16.0, 32.0])
+    assert scale_changes(h) == [(0, "grew", 8.0, 16.0), (1, "grew", 16.0, 32.0)]
+    assert describe_scale_changes(history_of([8.0, 8.0]), 16.0).splitlines()[0] == "step   1: grew           8 -> 16"
+
+
+def test_an_optimizer_without_a_step_count_is_named():
+    model = lesson_model()
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    x, y = lesson_data().x_train[:8], lesson_data().y_train[:8]
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    lbfgs.step(closure)
+    with pytest.raises(ValueError, match="^LBFGS keeps no step count; count the steps whose scale did not drop instead$"):
+        optimizer_steps(lbfgs)
+    with pytest.raises(ValueError, match="^SGD keeps no step count; count the steps whose scale did not drop instead$"):
+        optimizer_steps(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_scheduler_warnings_records_the_warning_of_the_common_loop_only():
+    wrong, t = scheduler_warnings(True, steps=10)
+    right, u = scheduler_warnings(False, steps=10)
+    assert any(SCHEDULER_WARNING in m for m in wrong) and not any(SCHEDULER_WARNING in m for m in right)
+    assert all(isinstance(m, str) for m in wrong)
+    assert t.precision == "fp16" and len(t.history) == 10 and t.history[0].skipped  # summed loss: step 0 overflows
+    assert t.scheduler.get_last_lr() == [3e-3 * 0.5]  # StepLR(10, 0.5), stepped on all 10 iterations
+    assert u.scheduler.get_last_lr() == [3e-3]  # stepped only on the steps taken, fewer than 10
+    assert len(scheduler_warnings(False)[1].history) == 3
+
+
+def test_scale_run_by_default_is_40_steps_growing_every_10():
+    history, final = scale_run()
+    assert len(history) == 40 and history[0].skipped
+    changes = scale_changes(history, final)
+    grew = [(before[0], step) for before, (step, kind, *_) in zip(changes, changes[1:]) if kind == "grew"]
+    assert grew and all(step - previous == 10 for previous, step in grew)  # 10 clean steps, then it grows
+    assert scale_run(inject_at=0, steps=2)[0][0].skipped and not scale_run(init_scale=1.0, inject_at=None, steps=1)[0][0].skipped
+
+
+class WiredTrainer:
+    """Stands in for the Trainer: keeps the arguments lesson 03's functions build it with."""
+
+    built: list = []
+
+    def __init__(self, model, data, **kwargs):
+        self.kwargs = kwargs
+        self.fitted = None
+        WiredTrainer.built.append(self)
+
+    def fit(self, steps):
+        self.fitted = steps
+        return history_of([8.0] * steps)
+
+    def current_scale(self):
+        return 8.0
+
+
+def test_the_runs_are_built_with_the_device_and_settings_asked_for(monkeypatch):
+    import amp_lessons.scaling as scaling
+
+    monkeypatch.setattr(scaling, "Trainer", WiredTrainer)
+    WiredTrainer.built = []
+    scaling.lesson_trainer(device="cuda:7", lr=0.5)
+    scaling.first_step_gradients("bf16", device="cuda:7")
+    scaling.scale_run(2.0**4, 3, 0, 5, "cuda:7", grad_stats=False)
+    scaling.scale_run(steps=2, device="cuda:7")
+    trainer, first, run, plain = (t.kwargs for t in WiredTrainer.built)
+    assert trainer["device"] == first["device"] == run["device"] == "cuda:7"
+    assert trainer["precision"] == "fp16" and trainer["lr"] == 0.5 and trainer["teaching"] is True
+    assert first["precision"] == "bf16" and first["progress"] is False and WiredTrainer.built[1].fitted == 1
+    assert (run["precision"], run["loss_fn"], run["init_scale"], run["growth_interval"]) == ("fp16", summed_loss, 16.0, 3)
+    assert run["inject_nonfinite"] == (0,) and run["grad_stats"] is False and run["progress"] is False
+    assert WiredTrainer.built[2].fitted == 5 and plain["inject_nonfinite"] == () and "grad_stats" not in plain
+
+
+def test_the_last_step_may_be_the_inf_step():
+    history, _ = scale_run(init_scale=2.0**4, inject_at=1, steps=2)
+    assert [r.skipped for r in history] == [False, True]

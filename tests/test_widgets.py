@@ -277,7 +277,18 @@ def test_format_explorer_shows_the_range_for_2_to_the_1024_in_place_of_an_error(
      (lambda: widgets.loss_scale_explorer(torch.ones(3), exponent=30), "exponent must be a whole number from 0 to 24"),
      (lambda: widgets.loss_scale_explorer(torch.ones(3), exponent=1.5), "exponent must be a whole number from 0 to 24"),
      (lambda: widgets.loss_scale_explorer(torch.ones(3), max_exponent=99), "max_exponent must be a whole number from 1 to 40"),
-     (lambda: widgets.loss_scale_explorer(torch.ones(3), max_exponent=True), "max_exponent must be a whole number")],
+     (lambda: widgets.loss_scale_explorer(torch.ones(3), max_exponent=True), "max_exponent must be a whole number"),
+     (lambda: widgets.loss_scale_explorer(torch.tensor([1e-6, math.inf, math.nan])), "grads holds 2 inf or NaN value(s) of 3: the gradients of a step that overflowed"),
+     (lambda: widgets.loss_scale_explorer(torch.full((4,), -math.inf)), "grads[grads.isfinite()]"),
+     (lambda: widgets.loss_scale_explorer(torch.empty(3, device="meta")), "got a torch.float32 tensor of shape (3,) on meta"),
+     (lambda: widgets.loss_scale_explorer(torch.arange(3)), "got a torch.int64 tensor"),
+     (lambda: widgets.loss_scale_explorer(torch.ones(3), histogram="no"), "histogram must be True (draw it) or False; got 'no'"),
+     (lambda: widgets.format_explorer(None), "value is what the box shows first"),
+     (lambda: widgets.format_explorer([0.1]), "value is what the box shows first"),
+     (lambda: widgets.parse_number(None), "type a number such as 1e-4, 65504 or 2^-24; got None"),
+     (lambda: widgets.parse_number("2^" + "9" * 5000), "2^9999999999999999999999999999999999 ... is out of range"),
+     (lambda: widgets.parse_number("2^-0000001075"), "2^-1075 is out of range"),
+     (lambda: widgets.parse_number("9" * 400), "9" * 36 + " ... is beyond float64's largest value")],
 )  # fmt: skip
 def test_01_bad_arguments_say_what_is_accepted(call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -760,3 +771,26 @@ def test_live_shows_a_render_error_under_the_view_and_clears_it():
     assert "value 1" in box.view.value  # the last good view stays
     box_value.value = 2
     assert box.error.value == "" and "value 2" in box.view.value
+
+
+def test_an_overflowed_steps_finite_gradients_can_still_be_explored():
+    grads = torch.tensor([1e-6, math.inf, 2e-7, math.nan])
+    box = widgets.loss_scale_explorer(grads[grads.isfinite()], histogram=False)
+    assert "(of 2 nonzero values; 0 exact zeros left out)" in html.unescape(box.table.view.value)
+
+
+def test_parse_number_reads_powers_with_leading_zeros():
+    assert widgets.parse_number("2^-0024") == 2.0**-24 and widgets.parse_number("2**(0)") == 1.0
+    assert widgets.parse_number(0.5) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda: widgets.live(None, lambda: "x"), "controls must be a list of ipywidgets controls"),
+     (lambda: widgets.live([1, 2], lambda: "x"), "controls must be a list of ipywidgets controls"),
+     (lambda: widgets.live([], None), "render must be a function of no arguments"),
+     (lambda: widgets.png_of(None), "png_of needs a matplotlib Figure")],
+)  # fmt: skip
+def test_live_and_png_of_say_what_they_take(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()

@@ -10,15 +10,20 @@ breakdown and closing table). Lesson 05 prints :func:`table` too; ``make gpu-che
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 
 import torch
+from matplotlib.figure import Figure
 
 from . import bench
 from .bench import MAX_STEP_SECONDS, MODELS, SIZE_CHOICES, BenchResult
 from .hardware import resolve_machine
 from .plots import step_breakdown
 from .precision import PRECISIONS
+
+MAX_MATMUL_SIZE = 16384  # three float32 matrices of 16384^2 take 3 GiB: larger is not a quick bench
+MAX_REPEATS = 1000  # --warmup and --repeats: more steps than this measure nothing new
 
 # -- printing -------------------------------------------------------------------------------
 
@@ -171,8 +176,8 @@ def _ints(text: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ValueError(f"--matmul-sizes must be comma-separated integers or 'none'; got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise ValueError(f"--matmul-sizes must be positive; got {text!r}")
+    if any(not 0 < v <= MAX_MATMUL_SIZE for v in values):
+        raise ValueError(f"--matmul-sizes must be from 1 to {MAX_MATMUL_SIZE}; got {text!r}")
     return values
 
 
@@ -186,6 +191,11 @@ def _run(args) -> int:
             path = args.plot if len(result.closing) <= 1 else _suffixed(args.plot, kind)
             step_breakdown(result, kind).savefig(path, dpi=120, bbox_inches="tight")
     return 0
+
+
+def _plot_formats() -> set[str]:
+    """The file endings matplotlib can save a figure as here (``--plot``)."""
+    return set(Figure().canvas.get_supported_filetypes())
 
 
 def _suffixed(path: str, kind: str) -> str:
@@ -209,20 +219,29 @@ def result_from_args(args) -> BenchResult:
                    if getattr(args, k) is not None}
         sizes[kind] = bench.Sizes(**{**asdict(base), **changes})
         bench.validate_sizes(kind, sizes[kind])
-    if args.warmup < 0 or args.repeats < 1:
-        raise ValueError("--warmup must be >= 0 and --repeats >= 1")
+    if not 0 <= args.warmup <= MAX_REPEATS or not 1 <= args.repeats <= MAX_REPEATS:
+        raise ValueError(f"--warmup must be from 0 to {MAX_REPEATS} and --repeats from 1 to {MAX_REPEATS}")
+    plot = getattr(args, "plot", None)
+    if plot and not getattr(args, "breakdown", False):  # refused before the bench runs, not after
+        raise ValueError("--plot draws the breakdown: add --breakdown")
+    if plot and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
+        raise ValueError(f"--plot {plot}: its folder does not exist; create it first or save elsewhere")
+    if plot and "." in os.path.basename(plot) and plot.rpartition(".")[2].lower() not in _plot_formats():
+        raise ValueError(f"--plot {plot}: matplotlib cannot save that; end the name with one of "
+                         f"{', '.join(sorted(_plot_formats()))}")
     max_step = getattr(args, "max_step_seconds", MAX_STEP_SECONDS)
     if not max_step > 0:
         raise ValueError(f"--max-step-seconds must be positive; got {max_step}")
     if getattr(args, "compile", False) and not getattr(args, "breakdown", False):
         raise ValueError("--compile adds a row to the breakdown's closing table: add --breakdown")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be a positive integer; got {args.threads}")
+        if not 1 <= args.threads <= (os.cpu_count() or 1):
+            raise ValueError(f"--threads must be from 1 to {os.cpu_count() or 1} (this machine's CPU "
+                             f"threads); got {args.threads}")
         torch.set_num_threads(args.threads)
     matmul_sizes = None if args.matmul_sizes is None else _ints(args.matmul_sizes)
     return bench.run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes, size=size,
-                     breakdown=getattr(args, "breakdown", False), compile=getattr(args, "compile", False),
+                           breakdown=getattr(args, "breakdown", False), compile=getattr(args, "compile", False),
                            max_step_seconds=max_step)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -51,7 +52,8 @@ def measured(value, spec: str = ".3g") -> str:
 
     The tests mask it (it differs between machines); print exact values without it.
     """
-    return MARK + format(value, spec).strip()  # no padding between the mark and the digits
+    _number("measured's value", value, nan=True)
+    return MARK + _format(_scalar(value), spec).strip()  # no padding between the mark and the digits
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,13 @@ def check(claim: str, holds: bool, figures: str = "", *, value=None, bound=None)
     """
     if not isinstance(claim, str) or not claim.strip():
         raise ValueError("a verdict needs the claim it checks, as a sentence")
-    verdict = Verdict(claim, bool(holds), figures, _float(value), bound, _lesson())
+    if not isinstance(figures, str):
+        raise ValueError(f"figures must be text (format the figures with measured()); got {figures!r}")
+    value = None if value is None else _number("value", value, nan=True)
+    if bound is not None and not (isinstance(bound, tuple) and len(bound) == 2 and all(
+            b is None or _number("bound", b) is not None for b in bound)):
+        raise ValueError(f"bound must be (low, high), each a number or None; got {bound!r}")
+    verdict = Verdict(claim, _truth(holds), figures, value, bound, _lesson())
     RECORDED.append(verdict)
     _log(verdict)
     if not verdict.holds and strict():
@@ -103,56 +111,91 @@ def check(claim: str, holds: bool, figures: str = "", *, value=None, bound=None)
 
 
 def at_least(claim: str, value: float, bound: float, spec: str = ".3g", figures: str = "") -> Verdict:
-    """``claim`` holds when ``value >= bound``; shows ``≈value`` and the bound."""
+    """``claim`` holds when ``value >= bound``; shows ``≈value`` and the bound. A NaN or
+    infinite ``value`` does not hold; a ``value`` or ``bound`` that is no number is a ValueError."""
+    x, bound = _number("value", value, nan=True), _number("bound", bound)
     shown = f"{measured(value, spec)}; needs >= {bound:g}" + (f"; {figures}" if figures else "")
-    return check(claim, _finite(value) and value >= bound, shown, value=value, bound=(bound, None))
+    return check(claim, math.isfinite(x) and x >= bound, shown, value=x, bound=(bound, None))
 
 
 def at_most(claim: str, value: float, bound: float, spec: str = ".3g", figures: str = "") -> Verdict:
-    """``claim`` holds when ``value <= bound``; shows ``≈value`` and the bound."""
+    """``claim`` holds when ``value <= bound``; shows ``≈value`` and the bound (see :func:`at_least`)."""
+    x, bound = _number("value", value, nan=True), _number("bound", bound)
     shown = f"{measured(value, spec)}; needs <= {bound:g}" + (f"; {figures}" if figures else "")
-    return check(claim, _finite(value) and value <= bound, shown, value=value, bound=(None, bound))
+    return check(claim, math.isfinite(x) and x <= bound, shown, value=x, bound=(None, bound))
 
 
 def between(claim: str, value: float, low: float, high: float, spec: str = ".3g",
             figures: str = "") -> Verdict:
-    """``claim`` holds when ``low <= value <= high``; shows ``≈value`` and the range."""
+    """``claim`` holds when ``low <= value <= high``; shows ``≈value`` and the range (see
+    :func:`at_least`; ``low`` above ``high`` is a ValueError)."""
+    x, low, high = _number("value", value, nan=True), _number("low", low), _number("high", high)
+    if low > high:
+        raise ValueError(f"between needs low <= high; got low {low:g}, high {high:g}: swap them")
     shown = f"{measured(value, spec)}; needs {low:g} to {high:g}" + (f"; {figures}" if figures else "")
-    return check(claim, _finite(value) and low <= value <= high, shown, value=value, bound=(low, high))
+    return check(claim, math.isfinite(x) and low <= x <= high, shown, value=x, bound=(low, high))
 
 
 def summary(verdicts=None) -> str:
     """``N verdicts, M held`` and every one that did not hold (gpu-check's last lines)."""
-    verdicts = RECORDED if verdicts is None else list(verdicts)
+    verdicts = RECORDED if verdicts is None else list(verdicts) if hasattr(verdicts, "__iter__") else [verdicts]
+    if not all(isinstance(v, Verdict) for v in verdicts):
+        raise ValueError("summary takes verdicts (what check, at_least, at_most and between return), "
+                         f"or None for this run's; got {verdicts!r:.80}")
     failed = [v for v in verdicts if not v.holds]
     lines = [f"{len(verdicts)} verdicts, {len(verdicts) - len(failed)} held, {len(failed)} did not"]
     lines += [f"  {v.lesson}: {v.line()}" for v in failed]
     return "\n".join(lines)
 
 
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
+def _item(x):
+    """The Python value a one-value tensor or array holds (``x.item()``), else None."""
+    size = getattr(x, "numel", None) or getattr(x, "size", None)
+    size = size() if callable(size) else size
+    return x.item() if size == 1 and hasattr(x, "item") else None
 
 
-def _float(value):
-    if value is None:
-        return None
+def _scalar(x):
+    """A number as itself; a one-value tensor or array as its Python number; anything else
+    (a bool among them) None."""
+    item = x if isinstance(x, numbers.Real) else _item(x)
+    return item if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
+
+
+def _number(what: str, x, nan: bool = False) -> float:
+    """``x`` (a number, or a tensor or array holding one) as a float, else a ValueError. NaN
+    is refused unless ``nan``: a bound must be a number a figure can be compared with."""
+    item = _scalar(x)
+    if item is None or (not nan and math.isnan(item)):
+        raise ValueError(f"{what} must be a number (a measured figure or its bound); got {x!r:.80}")
+    return float(item)
+
+
+def _truth(holds) -> bool:
+    """``holds`` as a bool: True or False, numpy's or a one-value bool tensor; else a ValueError."""
+    value = holds if isinstance(holds, bool) else _item(holds)
+    if not isinstance(value, bool):
+        raise ValueError("holds must be True or False: the claim's test, computed from this run's figures "
+                         f"(a comparison such as ratio >= 2); got {holds!r:.80}")
+    return value
+
+
+def _format(value, spec: str) -> str:
+    if not isinstance(spec, str):
+        raise ValueError(f"spec must be a format spec such as '.3g', '.1%' or ','; got {spec!r}")
     try:
-        return float(value)
+        return format(value, spec)
     except (TypeError, ValueError):
-        return None
+        raise ValueError(f"spec {spec!r} cannot format {value!r:.40}: use one such as '.3g', '.1%' or ','") from None
 
 
 def _lesson() -> str:
     """The lesson running this verdict: a script's name, or AMP_LESSONS_LESSON (set by the tools)."""
-    name = os.environ.get("AMP_LESSONS_LESSON", "")
+    name = os.environ.get("AMP_LESSONS_LESSON")
     if name:
         return name
-    main = getattr(sys.modules.get("__main__"), "__file__", "") or ""
-    return os.path.splitext(os.path.basename(main))[0] if main else ""
+    main = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return os.path.splitext(os.path.basename(main))[0]
 
 
 def _log(verdict: Verdict) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import signal
 import socket
@@ -151,8 +152,17 @@ def fail_job(name: str = "fail", rank: int = 1, how: str = "raise", seconds: flo
     return {"kind": "fail", "name": name, "rank": rank, "how": how, "seconds": seconds}
 
 
+JOB_KINDS = ("ddp", "fsdp", "reduce", "fail")
+
+
+def _seconds(what, value) -> float:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} must be a positive finite number of seconds; got {value!r}")
+    return float(value)
+
+
 def _positive(value, what):
-    if not isinstance(value, int) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{what} must be a positive integer; got {value!r}")
     return value
 
@@ -193,7 +203,10 @@ class Run:
 def backend_for(device, nproc: int) -> str:
     """gloo for CPU ranks, NCCL when every rank has a GPU; anything else raises
     :class:`BackendUnavailableError` saying what to use instead."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu' (gloo) or 'cuda' (NCCL, one GPU per rank); got {device!r}") from None
     if not torch.distributed.is_available():
         raise BackendUnavailableError("this torch build has no torch.distributed (torch.distributed."
                                       "is_available() is False): install a build from pytorch.org")
@@ -228,7 +241,7 @@ def check_port(port: int) -> int:
     """``port`` if rank 0 can listen on it, else :class:`PortInUseError`. Both the wildcard
     address (where the rendezvous store listens) and 127.0.0.1 (where the ranks connect) are
     tried: a socket bound to 127.0.0.1 alone blocks the first on Linux, the second on macOS."""
-    if not isinstance(port, int) or not 0 < port < 65536:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer from 1 to 65535, or None for a free one; got {port!r}")
     for host in ("", "127.0.0.1"):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -239,6 +252,62 @@ def check_port(port: int) -> int:
             except OSError as err:
                 raise PortInUseError(_port_message(port, err.strerror)) from None
     return port
+
+
+MAX_CPU_RANKS = max(8, os.cpu_count() or 1)
+PORT_TRIES = 20  # free ports tried when each chosen one is claimed by another launch
+
+
+def _lock_path(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"amp-lessons-port-{port}.lock"
+
+
+def _try_lock(f) -> bool:
+    """An exclusive lock on the open file ``f`` without waiting: True when taken. The OS drops
+    it when the file is closed or its process dies, so a crashed launch leaves none behind."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def claim_port(port=None):
+    """The rendezvous port of one launch and the open lock file that reserves it for that
+    launch: close the file when the ranks are done. Two launches at once can never share a
+    port: the second one asking for a port the first holds is refused at once with
+    :class:`PortInUseError` (``port`` given), or gets another free port (``port=None``).
+    A port another program listens on is refused as :func:`check_port` does."""
+    if port is not None:
+        check_port(port)  # the range, and another program listening there
+    for _ in range(1 if port is not None else PORT_TRIES):
+        chosen = free_port() if port is None else port
+        f = open(_lock_path(chosen), "a+b")
+        if _try_lock(f):
+            try:
+                return check_port(chosen), f
+            except PortInUseError:
+                f.close()
+                if port is not None:
+                    raise
+                continue
+        f.close()
+        if port is not None:
+            raise PortInUseError(_port_message(port, "another launch of this course holds it until "
+                                                     "its ranks finish"))
+    raise PortInUseError(f"no free port could be reserved in {PORT_TRIES} tries: every one the OS "
+                         "offered was taken by another launch or program at once. Wait for the other "
+                         "launches to finish, then run again")
 
 
 def _port_message(port, why) -> str:
@@ -279,24 +348,38 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
     """Run ``jobs`` on ``nproc`` ranks and return what they recorded, as a :class:`Run`.
 
     ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank). ``port``: the
-    rendezvous port (None: a free one). ``timeout``: seconds for the whole run.
+    rendezvous port (None: a free one), reserved for this launch until its ranks are done
+    (:func:`claim_port`): a second launch on it is refused at once. ``timeout``: seconds for
+    the whole run.
     ``via="torchrun"`` starts the ranks with ``python -m torch.distributed.run``;
     ``"direct"`` starts them itself, with the same environment torchrun gives them.
     ``threads``: torch threads per rank (torchrun's default, 1). The ranks' output is kept
     out of the notebook; it appears in the error when a rank fails. A progress bar counts the
     jobs the ranks have finished (``progress=False``, or ``AMP_LESSONS_PROGRESS=0``: none).
     """
+    if not isinstance(jobs, (list, tuple)) or not all(isinstance(j, dict) and j.get("kind") in JOB_KINDS
+                                                        for j in jobs):
+        raise ValueError("jobs must be a list of jobs built by ddp_job, fsdp_job, reduce_job or fail_job; "
+                         f"got {jobs!r:.80}")
     jobs = [dict(j) for j in jobs]
     names = [j.get("name") for j in jobs]
     if not jobs or len(set(names)) != len(names) or None in names:
         raise ValueError(f"jobs need distinct names (built by ddp_job, fsdp_job, ...); got {names}")
     _positive(nproc, "nproc")
+    _seconds("timeout", timeout)
+    _seconds("collective_timeout", collective_timeout)
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= (os.cpu_count() or 1):
+        raise ValueError(f"threads (torch threads per rank) must be from 1 to {os.cpu_count() or 1}, this "
+                         f"machine's CPU threads; got {threads!r}")
+    if nproc > MAX_CPU_RANKS and torch.device(device).type == "cpu":
+        raise ValueError(f"nproc must be from 1 to {MAX_CPU_RANKS} on the CPU: each rank is a process "
+                         f"with its own torch (some 300 MB); got {nproc}")
     if via not in ("direct", "torchrun"):
         raise ValueError(f"via must be 'direct' or 'torchrun'; got {via!r}")
     backend = backend_for(device, nproc)
-    port = free_port() if port is None else check_port(port)
+    port, reserved = claim_port(port)  # held until the ranks are done: no other launch can join them
     marker = uuid.uuid4().hex
-    with tempfile.TemporaryDirectory(prefix="amp-lessons-dist-") as tmp:
+    with reserved, tempfile.TemporaryDirectory(prefix="amp-lessons-dist-") as tmp:
         run_dir = Path(tmp)
         _write_inputs(run_dir, jobs, torch.device(device).type, backend, threads, collective_timeout)
         command = torchrun_command(nproc, port, run_dir)
@@ -822,6 +905,9 @@ def selfcheck(device=None) -> list:
 # --- command line -----------------------------------------------------------------------------
 
 
+MAX_CLI_STEPS = 1000  # each of the 6 jobs trains this many steps before the tables print
+
+
 def main(args) -> int:
     """``python -m amp_lessons dist``: the lesson's DDP and FSDP2 tables from a real run."""
     if args.selfcheck:
@@ -830,6 +916,8 @@ def main(args) -> int:
             print(v.line())
         return 0 if all(v.holds for v in verdicts) else 1
     device = args.device or "cpu"
+    if not 1 <= args.steps <= MAX_CLI_STEPS:
+        raise ValueError(f"--steps must be from 1 to {MAX_CLI_STEPS}; got {args.steps}")
     jobs = [ddp_job("DDP fp32", "fp32", steps=args.steps), ddp_job("DDP bf16 autocast", "bf16", steps=args.steps),
             *(fsdp_job(n, p, r, steps=args.steps) for n, p, r in
               (("(fp32)", None, None), ("(bf16, fp32)", "bf16", "fp32"), ("(bf16, None)", "bf16", None),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -129,7 +130,12 @@ def from_layout(name: str, exponent_bits: int, mantissa_bits: int) -> Format:
 
     This is where tf32's figures come from (8 exponent bits like fp32, 10 mantissa bits
     like fp16); the tests check it against ``torch.finfo`` for fp32, bf16 and fp16.
+    Exponent bits from 2 to 11 (float64's), mantissa bits from 0 to 52.
     """
+    for what, value, low, high in (("exponent_bits", exponent_bits, 2, 11), ("mantissa_bits", mantissa_bits, 0, 52)):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(f"{what} must be a whole number from {low} to {high} (up to float64's "
+                             f"layout); got {value!r}")
     bias = 2 ** (exponent_bits - 1) - 1
     emin, emax = 1 - bias, bias
     return Format(
@@ -185,7 +191,15 @@ def e4m3_overflow(device="cpu") -> E4M3Overflow:
     differs between releases (NaN before 2.13, saturation to 448 from 2.13 on), so the
     package computes it rather than assuming it. Used in 01 and 08_fp8.
     """
-    return _probe_e4m3(str(torch.device(device)))
+    return _probe_e4m3(str(_device(device)))
+
+
+def _device(device) -> torch.device:
+    """``device`` as a torch.device, else a ValueError naming the accepted kinds."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda'; got {device!r}") from None
 
 
 @functools.cache
@@ -211,7 +225,7 @@ def formats_table(names=FORMATS) -> str:
     head = (f"{'format':<9}{'bits':>5}{'exp':>5}{'mant':>5}  {'largest':>11}  "
             f"{'smallest normal':>20}  {'smallest subnormal':>20}  {'eps (ulp at 1)':>18}")
     lines = [head]
-    for n in names:
+    for n in [names] if isinstance(names, (str, torch.dtype)) else names:  # one name, or several
         f = format_info(n)
         lines.append(
             f"{f.name:<9}{f.bits:>5}{f.exponent_bits:>5}{f.mantissa_bits:>5}  {f.max:>11.6g}  "
@@ -338,6 +352,9 @@ def bits_of(value, name) -> Bits:
     f = format_info(name)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ValueError(f"value must be a number; got {value!r}")
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        raise ValueError(f"value (about 2^{abs(value).bit_length() - 1}) is beyond float64's largest (about 1.8e308): pass a number "
+                         "up to 1.8e308, or math.inf")
     x = torch.tensor(float(value), dtype=torch.float64)
     if f.name == "tf32":
         stored = round_to_format(x, "tf32").reshape(1)
@@ -450,6 +467,9 @@ def scale_table(tensor, scale, names=("fp16", "bf16"), measured: bool = False) -
     """What a loss scale does to these values in each format, as percentages (01's slider).
     ``measured=True`` marks the figures with ``≈`` (values from a training run)."""
     scale = check_scale(scale)
+    names = [names] if isinstance(names, (str, torch.dtype)) else list(names)
+    if not names:
+        raise ValueError("names must hold at least one format, e.g. ('fp16', 'bf16')")
     rows = [scaled_census(tensor, n, scale) for n in names]
     mark = "≈" if measured else ""
     k = math.log2(scale)

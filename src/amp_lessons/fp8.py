@@ -65,6 +65,12 @@ def _check_granularity(granularity) -> str:
     return granularity
 
 
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
 def _as_matrix(x, what="the tensor") -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
         kind = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
@@ -78,8 +84,9 @@ def amax(x, granularity="tensor") -> torch.Tensor:
     x = _as_matrix(x).float().abs()
     if _check_granularity(granularity) == "tensor":
         return x.amax() if x.numel() else x.new_zeros(())
-    if x.dim() < 2:
-        raise ValueError(f"per-row scales need a matrix (2 or more dims); got shape {tuple(x.shape)}")
+    if x.dim() < 2 or (x.shape[-1] == 0 and x.shape[:-1].numel() > 0):
+        raise ValueError(f"per-row scales need a matrix (2 or more dims) with rows of at least one value; "
+                         f"got shape {tuple(x.shape)}")
     return x.amax(dim=-1, keepdim=True)
 
 
@@ -88,6 +95,10 @@ def scale_from_amax(a, name="fp8_e4m3", power_of_2: bool = False) -> torch.Tenso
     :data:`EPS`. ``power_of_2`` rounds the scale down to a power of two, which makes
     scaling and unscaling exact (torchao's row-wise recipes do)."""
     fmt = fp8_format(name)
+    _flag("power_of_2", power_of_2)
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        a = torch.tensor(float(a))
+    a = _as_matrix(a, "amax")
     scale = (fmt.max / a.double().clamp(min=EPS)).float()
     if power_of_2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
@@ -111,7 +122,7 @@ def saturating_cast(x, name="fp8_e4m3") -> torch.Tensor:
     torch release and for both formats (NaN stays NaN). A plain cast gives inf for e5m2,
     and NaN or 448 for e4m3fn depending on the release."""
     fmt = fp8_format(name)
-    return x.float().clamp(-fmt.max, fmt.max).to(fmt.dtype).contiguous()
+    return _as_matrix(x).float().clamp(-fmt.max, fmt.max).to(fmt.dtype).contiguous()
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,7 @@ def quantize(x, name="fp8_e4m3", granularity="tensor", power_of_2: bool = False)
     """Scale ``x`` by ``fmt.max / amax`` (per tensor or per row) and cast it with
     :func:`saturating_cast`. Round-trip: ``quantize(x).dequantize()``."""
     x = _as_matrix(x).float()
-    scale = scale_from_amax(amax(x, granularity), name, power_of_2)
+    scale = scale_from_amax(amax(x, granularity), name, _flag("power_of_2", power_of_2))
     return Fp8Tensor(saturating_cast(x * scale, name), scale)
 
 
@@ -156,10 +167,12 @@ def fp8_census(tensors, name="fp8_e4m3", granularity=None, power_of_2: bool = Fa
     tensor or per row). ``tensors``: one tensor or several (their counts add up)."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
+    if not isinstance(tensors, (list, tuple)):
+        raise ValueError(f"tensors must be a tensor or a list of tensors; got {type(tensors).__name__}")
     fmt = fp8_format(name)
     values = [scaled_values(t, fmt.name, granularity, power_of_2).flatten() for t in tensors]
     if not values:
-        raise ValueError("no tensors to classify")
+        raise ValueError("no tensors to classify: pass a tensor or a non-empty list of tensors")
     return census(torch.cat(values), fmt.name)
 
 
@@ -167,6 +180,11 @@ def census_table(groups: dict, granularity=None, names=FP8_FORMATS) -> str:
     """:func:`fp8_census` of each group of tensors (``{"grad_output": [t, ...]}``) in each fp8
     format: shares of the nonzero values flushed to zero, subnormal and overflowing. The
     shares come from a training run's float kernels, so they print as measured (``≈``)."""
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError("groups must be a non-empty dict of tensors by name, e.g. {'grad_output': [t, ...]}; "
+                         f"got {groups!r:.60}")
+    if granularity is not None:
+        _check_granularity(granularity)
     label = {None: "unscaled", "tensor": "scaled per tensor", "row": "scaled per row"}[granularity]
     short = {n: n.removeprefix("fp8_") for n in names}
     head = f"{label:<18}" + "".join(f"{short[n] + ' ' + k:>18}" for n in names
@@ -230,7 +248,13 @@ def scaled_mm(a: Fp8Tensor, b: Fp8Tensor, emulate: bool = False) -> torch.Tensor
     call (per-row scales on a CPU before torch 2.13, any fp8 matmul on a GPU below compute
     capability 8.9), the error says so and names ``emulate=True``.
     """
-    if a.data.dim() != 2 or b.data.dim() != 2 or a.data.shape[1] != b.data.shape[1]:
+    if not isinstance(a, Fp8Tensor) or not isinstance(b, Fp8Tensor):
+        raise ValueError("scaled_mm multiplies fp8 tensors: quantize both operands first, e.g. "
+                         f"scaled_mm(quantize(a), quantize(b)); got {type(a).__name__} and {type(b).__name__}")
+    if a.data.dim() != 2 or b.data.dim() != 2:
+        raise ValueError(f"a (M, K) and b (N, K) must be matrices; got shapes {tuple(a.data.shape)} and "
+                         f"{tuple(b.data.shape)}")
+    if a.data.shape[1] != b.data.shape[1]:
         raise ValueError(f"a (M, K) and b (N, K) must share K; got {tuple(a.data.shape)} and {tuple(b.data.shape)}")
     if a.granularity != b.granularity:
         raise ValueError(f"both operands need the same granularity; got {a.granularity} and {b.granularity}")
@@ -369,6 +393,10 @@ def convert_to_fp8(model: nn.Module, recipe="tensorwise", emulate=False, keep=fi
     """Swap, in place, every ``nn.Linear`` for which ``keep(linear)`` is true for an
     :class:`Fp8Linear` sharing its parameters, as torchao's ``convert_to_float8_training``
     does; a 10-class head (10 is not a multiple of 16) stays as it is. Returns ``model``."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if not callable(keep):
+        raise ValueError(f"keep must be a function of a Linear that says whether to convert it; got {keep!r}")
     get_recipe(recipe)
     for name, child in model.named_children():
         if type(child) is nn.Linear and keep(child):
@@ -420,6 +448,12 @@ def outlier_layer(factor: float = 2.0**16, n: int = 64, k: int = 64, batch: int 
     """``(x, weight, outlier)`` for a linear layer whose output channel 0 (row 0 of the
     weight) is ``factor`` times larger than the rest, built under its own seed. ``outlier``
     marks the outputs that channel produces (column 0 of ``y``), to leave them out."""
+    if not (isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
+            and 0 < factor <= 2.0**64):
+        raise ValueError(f"factor must be a positive finite number up to 2^64, e.g. 2.0**16; got {factor!r}")
+    for what, value in (("n", n), ("k", k), ("batch", batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+            raise ValueError(f"{what} must be a whole number from 1 to 4096; got {value!r}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, k, generator=g)
     w = torch.randn(n, k, generator=g) / math.sqrt(k)
@@ -444,6 +478,10 @@ def outlier_sweep(exponents=(0, 8, 12, 14, 16, 18, 20)) -> list[dict]:
     """For an outlier channel ``2^k`` times larger (:func:`outlier_layer`), the error of the
     *other* outputs per tensor and per row, and the share of the weight that per-tensor
     scaling leaves flushed to zero or subnormal in e4m3."""
+    exponents = list(exponents)
+    if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= 64 for k in exponents):
+        raise ValueError(f"exponents must be whole numbers from 0 to 64 (the outlier is 2^k times larger); "
+                         f"got {exponents!r:.80}")
     rows = []
     for k in exponents:
         x, w, mask = outlier_layer(2.0**k)

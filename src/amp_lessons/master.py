@@ -16,6 +16,7 @@ Used in 05_putting_it_together.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +31,31 @@ OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.o
 
 def eps_in(dtype, eps: float = 1e-8) -> float:
     """The value Adam's ``eps`` takes when stored in ``dtype`` (0.0 in fp16: below its smallest subnormal)."""
+    dtype = _float_dtype(dtype)
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, such as Adam's 1e-8; got {eps!r}")
+    return torch.tensor(eps, dtype=dtype).item()
+
+
+def _float_dtype(dtype) -> torch.dtype:
+    """A floating-point torch dtype, from a dtype or a precision name; else a ValueError."""
     if not isinstance(dtype, torch.dtype):
         dtype = dtype_of(dtype)
-    return torch.tensor(eps, dtype=dtype).item()
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype such as torch.float16; got {dtype}")
+    return dtype
+
+
+def _positive(name: str, value) -> float:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
+    return float(value)
+
+
+def _tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a torch tensor; got {type(value).__name__} (torch.as_tensor converts one)")
+    return value
 
 
 def spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -41,8 +64,9 @@ def spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     For |w| in [2**(e-1), 2**e) the gap is 2**(e-1) * eps; below the smallest normal it is
     the smallest subnormal.
     """
+    dtype = _float_dtype(dtype)
     info = torch.finfo(dtype)
-    w = w.to(dtype).double().abs()
+    w = _tensor("w", w).to(dtype).double().abs()
     _, e = torch.frexp(w)
     gap = torch.ldexp(torch.full_like(w, info.eps), e - 1)
     return torch.clamp(gap, min=info.smallest_normal * info.eps)
@@ -83,6 +107,9 @@ def gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision="fp3
     """float32 gradients of one batch, computed as mixed precision does: float32 weights,
     forward + loss under autocast in ``precision``, backward outside it. The model is not changed."""
     name = parse_precision(precision)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    _tensor("x", x), _tensor("y", y)
     model = copy.deepcopy(model).float()
     model.zero_grad(set_to_none=True)
     with torch.autocast(x.device.type, dtype=dtype_of(name), enabled=uses_autocast(name)):
@@ -116,6 +143,15 @@ def lost_updates(model: nn.Module, grads: list[torch.Tensor], lr: float, optimiz
     params = [p.detach().float() for p in model.parameters()]
     if len(params) != len(grads):
         raise ValueError(f"got {len(grads)} gradients for {len(params)} parameters")
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if not isinstance(g, torch.Tensor) or g.shape != p.shape:
+            got = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+            raise ValueError(f"gradient {i} must be a tensor of its parameter's shape {tuple(p.shape)}; "
+                             f"got {got}: pass gradients(model, x, y)")
+    _positive("lr", lr)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    _positive("eps", eps)
     exact_new = _one_step([p.double() for p in params], [g.double() for g in grads], optimizer, lr, eps)
     updates = [n - p.double() for n, p in zip(exact_new, params)]
     out = {}
@@ -137,6 +173,8 @@ def lost_updates(model: nn.Module, grads: list[torch.Tensor], lr: float, optimiz
 def lost_fraction_by_lr(model: nn.Module, grads: list[torch.Tensor], lrs, optimizer: str = "sgd"
                         ) -> dict[str, list[float]]:
     """:func:`lost_updates`' fraction for each learning rate in ``lrs``: the figure of lesson 05."""
+    if isinstance(lrs, (int, float, str)) or not hasattr(lrs, "__iter__"):
+        raise ValueError(f"lrs must be a list of learning rates, e.g. [1e-4, 1e-3]; got {lrs!r}")
     out: dict[str, list[float]] = {"fp32 master": [], "model.half()": []}
     for lr in lrs:
         for label, result in lost_updates(model, grads, lr, optimizer).items():

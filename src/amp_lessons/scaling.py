@@ -20,6 +20,8 @@ steps Adam really took), :func:`scale_changes` (when the scale grew or halved) a
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import warnings
 from dataclasses import dataclass
 
@@ -29,7 +31,7 @@ from torch.nn import functional as F
 from .claims import measured
 from .data import digits
 from .models import mlp
-from .training import GradientRecorder, Trainer
+from .training import GradientRecorder, History, Trainer
 
 LOSS_WEIGHT = 2.0**-15
 LESSON_SETTINGS = {"optimizer": "adamw", "lr": 3e-3, "batch_size": 64}
@@ -46,9 +48,19 @@ def summed_loss(logits, y):
     return F.cross_entropy(logits, y, reduction="sum")
 
 
+def _whole(name: str, value, low: int = 0, high: int | None = None, why: str = "") -> int:
+    """``value`` if it is a whole number from ``low`` (to ``high``), else a ValueError saying so."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+    if not ok or (high is not None and value > high):
+        upto = f" to {high}" if high is not None else " up"
+        raise ValueError(f"{name} must be a whole number from {low}{upto}{why}; got {value!r}")
+    return int(value)
+
+
 def lesson_model(seed: int = 0):
     """03's MLP (64 -> 64 -> 64 -> 64 -> 10, ReLU): the same weights on every call, built
     under its own seed without touching the global RNG."""
+    seed = _whole("seed", seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return mlp(64, 64, 10, depth=3)
@@ -100,6 +112,13 @@ class FlushReport:
 
 def flush_report(reference: torch.Tensor, other: torch.Tensor, name: str = "fp16") -> FlushReport:
     """Compare ``other`` with the float32 ``reference`` of the same gradients, value by value."""
+    for what, t in (("reference", reference), ("other", other)):
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{what} must be a non-empty floating-point tensor of gradients (e.g. "
+                             f"first_step_gradients(...)); got {got}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name is the other precision's label, such as 'fp16'; got {name!r}")
     if reference.shape != other.shape:
         raise ValueError(f"the two gradient sets differ in shape: {tuple(reference.shape)} vs "
                          f"{tuple(other.shape)}; record the same model at the same step")
@@ -111,6 +130,8 @@ def flush_report(reference: torch.Tensor, other: torch.Tensor, name: str = "fp16
 def optimizer_steps(optimizer) -> int:
     """The steps the optimizer really applied, from its own counter (Adam's
     ``state[p]["step"]``): a step GradScaler skipped never reached the optimizer."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch optimizer (e.g. trainer.optimizer); got {type(optimizer).__name__}")
     if isinstance(optimizer, torch.optim.SGD):
         raise ValueError("SGD keeps no step count; count the steps whose scale did not drop instead")
     for group in optimizer.param_groups:
@@ -127,6 +148,7 @@ def optimizer_steps(optimizer) -> int:
 def scale_changes(history, final_scale=None) -> list[tuple[int, str, float, float]]:
     """``(step, "halved" | "grew", before, after)`` for every step after which the scale
     changed. The scale after the last step is ``final_scale`` (``trainer.current_scale()``)."""
+    _check_history(history, final_scale)
     scales = [*history["scale"], final_scale if final_scale is not None else history[-1].scale]
     out = []
     for step, before, after in zip(history["step"], scales, scales[1:]):
@@ -143,10 +165,25 @@ def describe_scale_changes(history, final_scale=None) -> str:
     return "\n".join(lines)
 
 
+def _check_history(history, final_scale) -> None:
+    if not isinstance(history, History) or not len(history):
+        raise ValueError("history must be what trainer.fit(...) returned, with at least one step; got "
+                         f"{history!r:.60}")
+    if final_scale is not None and not (isinstance(final_scale, numbers.Real) and not isinstance(final_scale, bool)
+                                        and math.isfinite(final_scale) and final_scale > 0):
+        raise ValueError(f"final_scale must be the scale after the last step, a positive number "
+                         f"(trainer.current_scale()), or None; got {final_scale!r}")
+
+
 def scale_run(init_scale=2.0**16, growth_interval=10, inject_at=None, steps=40, device=None, **settings):
     """A short fp16 run with the large-gradient loss (:func:`summed_loss`), for the scale
     plot and its widget: returns ``(history, scale after the last step)``. ``settings`` go to
-    the Trainer (the widget passes ``grad_stats=False``: its plot draws no gradient statistics)."""
+    the Trainer (the widget passes ``grad_stats=False``: its plot draws no gradient statistics).
+    ``inject_at``: a step of the run (0 to ``steps - 1``) whose loss is made inf; None or -1: none."""
+    steps = _whole("steps", steps, 1)
+    if inject_at is not None:
+        inject_at = _whole("inject_at", inject_at, -1, steps - 1,
+                           " (-1 or None: no inf; else a step of the run, counted from 0)")
     trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss, init_scale=init_scale,
                              growth_interval=growth_interval, progress=False,
                              inject_nonfinite=() if inject_at is None or inject_at < 0 else (inject_at,),
@@ -162,6 +199,9 @@ def scheduler_warnings(step_scheduler_on_skip: bool, steps: int = 3, device=None
     ``step_scheduler_on_skip=True`` is the common loop that calls ``scheduler.step()``
     every iteration; ``False`` steps it only when the optimizer stepped (the fix).
     """
+    if not isinstance(step_scheduler_on_skip, bool):
+        raise ValueError("step_scheduler_on_skip must be True (the common loop) or False (the fix); "
+                         f"got {step_scheduler_on_skip!r}")
     trainer = lesson_trainer("fp16", device=device, loss_fn=summed_loss, progress=False,
                              scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10, 0.5),
                              step_scheduler_on_skip=step_scheduler_on_skip)

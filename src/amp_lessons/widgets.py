@@ -18,6 +18,7 @@ import numbers
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from .formats import FORMATS, bits_of, parse_format, scale_table
 from .hardware import available_devices, pick_device, supported_precisions
@@ -40,6 +41,8 @@ def png_of(figure, dpi: int = 80) -> bytes:
     """A Figure as PNG bytes, then closed. A figure with a layout engine (constrained or
     tight) is saved as laid out, in one draw; any other is cropped to its content
     (``bbox_inches="tight"``, which draws it twice)."""
+    if not isinstance(figure, Figure):
+        raise ValueError(f"png_of needs a matplotlib Figure (e.g. plt.figure()); got {type(figure).__name__}")
     buf = io.BytesIO()
     laid_out = getattr(figure, "get_layout_engine", lambda: None)() is not None
     figure.savefig(buf, format="png", dpi=dpi, bbox_inches=None if laid_out else "tight")
@@ -56,6 +59,15 @@ def _show(view, result) -> None:
 
 
 BUSY_STYLE = "color:#8a6d00;font-style:italic"
+
+
+def _controls(controls) -> list:
+    """``controls`` as a list of ipywidgets controls, else a ValueError saying what to pass."""
+    if not isinstance(controls, (list, tuple)) or not all(isinstance(c, W.Widget) and hasattr(c, "value")
+                                                            for c in controls):
+        raise ValueError("controls must be a list of ipywidgets controls (sliders, buttons, text boxes), "
+                         f"[] for none; got {controls!r}")
+    return list(controls)
 
 
 def live(controls: list, render, figure: bool = False, layout=W.VBox, busy: str | None = None):
@@ -75,6 +87,9 @@ def live(controls: list, render, figure: bool = False, layout=W.VBox, busy: str 
     The box gets ``.view``, ``.error``, ``.busy`` (``None`` without a cue) and
     ``.refresh()`` for tests.
     """
+    controls = _controls(controls)
+    if not callable(render):
+        raise ValueError(f"render must be a function of no arguments that returns the view; got {render!r}")
     view = W.Image(format="png") if figure else W.HTML()
     error = W.HTML()
     error.add_class("amp-render-error")  # not a view: browser tests skip it
@@ -163,25 +178,40 @@ def parse_number(text) -> float:
     """
     import re
 
+    if not isinstance(text, (str, numbers.Real)) or isinstance(text, bool):
+        raise ValueError(f"type a number such as 1e-4, 65504 or 2^-24; got {_short(text)}")
     s = str(text).strip().replace(" ", "")
-    m = re.fullmatch(r"([+-]?)2(?:\^|\*\*)\(?([+-]?\d+)\)?", s)
+    m = re.fullmatch(r"([+-]?)2(?:\^|\*\*)\(?([+-]?)(\d+)\)?", s)
     if m:
-        k, (low, high) = int(m.group(2)), _FLOAT64_POWERS
-        if not low <= k <= high:
-            raise ValueError(f"2^{k} is out of range: type a power of two from 2^{low} to 2^{high} "
+        digits = m.group(3).lstrip("0")  # more than 6 of them: out of range, whatever they are
+        k = int(m.group(2) + (digits or "0")) if len(digits) <= 6 else None
+        low, high = _FLOAT64_POWERS
+        if k is None or not low <= k <= high:
+            shown = f"2^{k}" if k is not None else _cut(s)
+            raise ValueError(f"{shown} is out of range: type a power of two from 2^{low} to 2^{high} "
                              "(float64's range, wider than any format here), or inf")
         return (-1.0 if m.group(1) == "-" else 1.0) * math.ldexp(1.0, k)
     try:
         x = float(s)
     except ValueError:
-        raise ValueError(f"type a number such as 1e-4, 65504 or 2^-24; got {text!r}") from None
+        raise ValueError(f"type a number such as 1e-4, 65504 or 2^-24; got {_short(text)}") from None
     if math.isinf(x) and "inf" not in s.lower():
-        raise ValueError(f"{text} is beyond float64's largest value (about 1.8e308): type a "
+        raise ValueError(f"{_cut(s)} is beyond float64's largest value (about 1.8e308): type a "
                          "number up to 1.8e308, or inf")
     if x == 0 and re.search(r"[1-9]", s.lower().split("e")[0]):
-        raise ValueError(f"{text} is below float64's smallest value (2^-1074, about 4.9e-324): "
+        raise ValueError(f"{_cut(s)} is below float64's smallest value (2^-1074, about 4.9e-324): "
                          "type a number from 4.9e-324 up, or 0")
     return x
+
+
+def _cut(text: str, most: int = 40) -> str:
+    """``text`` cut to ``most`` characters: a pasted page stays out of the message."""
+    return text if len(text) <= most else text[: most - 4] + " ..."
+
+
+def _short(value) -> str:
+    """``repr(value)``, cut as :func:`_cut` does."""
+    return _cut(repr(value))
 
 
 def value_in_format(text, name) -> str:
@@ -201,6 +231,9 @@ def format_explorer(value: str = "0.1", name: str = "fp16"):
 
     ``name`` is any name :func:`amp_lessons.formats.parse_format` reads (``"half"``,
     ``"e4m3"``, ``torch.bfloat16``); ``value`` is typed text, as in the box."""
+    if not isinstance(value, (str, numbers.Real)) or isinstance(value, bool):
+        raise ValueError(f"value is what the box shows first: text such as '0.1' or '2^-24', or a number; "
+                         f"got {value!r}")
     fmt = W.ToggleButtons(options=list(FORMATS), value=parse_format(name), description="format")
     text = W.Text(value=str(value), description="value")
     return live([fmt, text], lambda: value_in_format(text.value, fmt.value))
@@ -219,9 +252,20 @@ def loss_scale_explorer(grads, exponent: int = 0, max_exponent: int = 24, histog
     its parts."""
     import torch
 
-    if not (isinstance(grads, torch.Tensor) and grads.is_floating_point() and grads.numel()):
+
+    if not (isinstance(grads, torch.Tensor) and grads.is_floating_point() and grads.numel()
+            and grads.device.type != "meta"):
+        got = (f"a {grads.dtype} tensor of shape {tuple(grads.shape)} on {grads.device}"
+               if isinstance(grads, torch.Tensor) else type(grads).__name__)
         raise ValueError("grads must be a non-empty floating-point tensor of gradient values "
-                         f"(e.g. first_step_gradients(...)); got {type(grads).__name__}")
+                         f"(e.g. first_step_gradients(...)); got {got}")
+    bad = int((~grads.detach().isfinite()).sum())
+    if bad:
+        raise ValueError(f"grads holds {bad:,} inf or NaN value(s) of {grads.numel():,}: the gradients of "
+                         "a step that overflowed, which GradScaler skips. Pass a step's gradients that "
+                         "are all finite (e.g. first_step_gradients('fp32')), or grads[grads.isfinite()]")
+    if not isinstance(histogram, bool):
+        raise ValueError(f"histogram must be True (draw it) or False; got {histogram!r}")
     max_exponent = _whole("max_exponent", max_exponent, 1, MAX_SCALE_EXPONENT,
                           " (at 2^40 even fp16's smallest subnormal, 2^-24, overflows)")
     exponent = _whole("exponent", exponent, 0, max_exponent,
