@@ -18,9 +18,9 @@ from matplotlib.figure import Figure
 
 from . import bench
 from .bench import MAX_STEP_SECONDS, MODELS, SIZE_CHOICES, BenchResult
-from .hardware import resolve_machine
+from .hardware import pick_device, resolve_machine
 from .plots import step_breakdown
-from .precision import PRECISIONS
+from .precision import PRECISIONS, parse_precision
 
 MAX_MATMUL_SIZE = 16384  # three float32 matrices of 16384^2 take 3 GiB: larger is not a quick bench
 MAX_REPEATS = 1000  # --warmup and --repeats: more steps than this measure nothing new
@@ -203,26 +203,13 @@ def _suffixed(path: str, kind: str) -> str:
     return f"{stem}-{kind}.{ext}" if dot else f"{path}-{kind}"
 
 
-def result_from_args(args) -> BenchResult:
-    """Run the bench as the parsed ``bench`` command line asks (used by benchmarks/ too)."""
-    dev = resolve_machine(args.device)
-    models = MODELS if args.model == "both" else (args.model,)
-    precisions = [p for p in args.precisions.split(",") if p.strip()]
-    if not precisions:
-        raise ValueError(f"--precisions needs at least one of {', '.join(PRECISIONS)} (comma-separated); "
-                         f"got {args.precisions!r}")
-    size = getattr(args, "size", "default")
-    sizes = {}
-    for kind in models:
-        base = bench.default_sizes(kind, dev.device, size)
-        changes = {k: getattr(args, k) for k in ("width", "depth", "batch", "seq", "heads")
-                   if getattr(args, k) is not None}
-        sizes[kind] = bench.Sizes(**{**asdict(base), **changes})
-        bench.validate_sizes(kind, sizes[kind])
+def _check_run_arguments(args) -> None:
+    """``--warmup``, ``--repeats``, ``--plot``, ``--max-step-seconds``, ``--compile`` and
+    ``--threads``, refused before the bench runs (not after it)."""
     if not 0 <= args.warmup <= MAX_REPEATS or not 1 <= args.repeats <= MAX_REPEATS:
         raise ValueError(f"--warmup must be from 0 to {MAX_REPEATS} and --repeats from 1 to {MAX_REPEATS}")
     plot = getattr(args, "plot", None)
-    if plot and not getattr(args, "breakdown", False):  # refused before the bench runs, not after
+    if plot and not getattr(args, "breakdown", False):
         raise ValueError("--plot draws the breakdown: add --breakdown")
     if plot and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
         raise ValueError(f"--plot {plot}: its folder does not exist; create it first or save elsewhere")
@@ -234,12 +221,36 @@ def result_from_args(args) -> BenchResult:
         raise ValueError(f"--max-step-seconds must be positive; got {max_step}")
     if getattr(args, "compile", False) and not getattr(args, "breakdown", False):
         raise ValueError("--compile adds a row to the breakdown's closing table: add --breakdown")
-    if args.threads is not None:
-        if not 1 <= args.threads <= (os.cpu_count() or 1):
-            raise ValueError(f"--threads must be from 1 to {os.cpu_count() or 1} (this machine's CPU "
-                             f"threads); got {args.threads}")
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):
+        raise ValueError(f"--threads must be from 1 to {os.cpu_count() or 1} (this machine's CPU "
+                         f"threads); got {args.threads}")
+
+
+def result_from_args(args) -> BenchResult:
+    """Run the bench as the parsed ``bench`` command line asks (used by benchmarks/ too). Every
+    argument is checked before the machine is measured or a step runs."""
+    device = pick_device(args.device)
+    models = MODELS if args.model == "both" else (args.model,)
+    precisions = [p for p in args.precisions.split(",") if p.strip()]
+    if not precisions:
+        raise ValueError(f"--precisions needs at least one of {', '.join(PRECISIONS)} (comma-separated); "
+                         f"got {args.precisions!r}")
+    for name in precisions:
+        parse_precision(name)  # a misspelt name is refused here, not after the machine is measured
+    size = getattr(args, "size", "default")
+    sizes = {}
+    for kind in models:
+        base = bench.default_sizes(kind, device, size)
+        changes = {k: getattr(args, k) for k in ("width", "depth", "batch", "seq", "heads")
+                   if getattr(args, k) is not None}
+        sizes[kind] = bench.Sizes(**{**asdict(base), **changes})
+        bench.validate_sizes(kind, sizes[kind])
+    _check_run_arguments(args)
     matmul_sizes = None if args.matmul_sizes is None else _ints(args.matmul_sizes)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    dev = resolve_machine(device)
+    max_step = getattr(args, "max_step_seconds", MAX_STEP_SECONDS)
     return bench.run_bench(models, precisions, dev, sizes, args.warmup, args.repeats, matmul_sizes, size=size,
                            breakdown=getattr(args, "breakdown", False), compile=getattr(args, "compile", False),
                            max_step_seconds=max_step)
