@@ -394,127 +394,136 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
     """
     lr, batch_size = 0.5, 32
     model, before, log, caught, error = _run_clipping_loop(train, steps, accum_steps, lr, batch_size)
-    findings, passed = [], True
+    results = [*_loop_error_finding(error), *_scaler_finding(log), *_clip_finding(log, error),
+               *_call_count_finding(log, error, steps, accum_steps),
+               _autocast_answer_finding(log, backward_in_autocast_is_a_bug)]
+    if error is None:
+        results.append(_weights_finding(model, before, log, steps, accum_steps, lr, batch_size))
+    results += [(True, f"warning from your loop: {w}") for w in sorted({w for w in caught if "GradScaler" not in w})]
+    return Verdict(all(ok for ok, _ in results), [text for _, text in results])
 
-    def bug(text):
-        nonlocal passed
-        passed = False
-        findings.append("bug: " + text)
 
-    if error is not None:
-        msg = str(error).splitlines()[0] if str(error) else ""
-        hint = next((h for key, h in _LOOP_ERROR_HINTS.items() if key in msg), "")
-        bug(f"the loop raised {type(error).__name__}: {msg}" + (f" ({hint})" if hint else "")
-            + ". What ran before it is checked below; the call counts and the weights are "
-            "checked once the loop runs to the end")
+def _bug(text: str) -> tuple[bool, str]:
+    """A finding of :func:`check_clipping_loop` that fails the exercise."""
+    return False, "bug: " + text
 
-    # 1. the GradScaler and its device
+
+def _loop_error_finding(error) -> list[tuple[bool, str]]:
+    """04's checker: the error the learner's loop raised, with a hint where one is known."""
+    if error is None:
+        return []
+    msg = str(error).splitlines()[0] if str(error) else ""
+    hint = next((h for key, h in _LOOP_ERROR_HINTS.items() if key in msg), "")
+    return [_bug(f"the loop raised {type(error).__name__}: {msg}" + (f" ({hint})" if hint else "")
+                 + ". What ran before it is checked below; the call counts and the weights are "
+                 "checked once the loop runs to the end")]
+
+
+def _scaler_finding(log) -> list[tuple[bool, str]]:
+    """04's checker, bug 1: the GradScaler and its device."""
     if not log.scalers:
-        bug("no torch.amp.GradScaler(...) call was seen in the loop: fp16 needs one, built there "
-            "as torch.amp.GradScaler(device.type) (one imported by name, or torch.cuda.amp's, "
-            "is not seen)")
-    else:
-        s = log.scalers[0]
-        if not s["device_given"]:
-            state = "enabled" if s["enabled"] else "it warned and disabled itself"
-            bug("torch.amp.GradScaler() was built without a device: it means 'cuda'. A bug off "
-                "CUDA only: on a CUDA machine it is the right scaler, but this checker runs the loop "
-                "on the CPU, where it warns and disables itself, so nothing is scaled "
-                f"(here: {state}). Pass the model's device, torch.amp.GradScaler(device.type), "
-                "and the loop runs anywhere")
-        elif s["device"] != "cpu":
-            bug(f"GradScaler({s['device']!r}) for a model on the cpu: pass the model's device, "
-                "torch.amp.GradScaler(device.type)")
-        elif not s["enabled"]:
-            bug("the GradScaler is built with enabled=False: fp16 needs it on")
-        else:
-            findings.append("fixed: the GradScaler is built for the model's device and is on")
+        return [_bug("no torch.amp.GradScaler(...) call was seen in the loop: fp16 needs one, built there "
+                     "as torch.amp.GradScaler(device.type) (one imported by name, or torch.cuda.amp's, "
+                     "is not seen)")]
+    s = log.scalers[0]
+    if not s["device_given"]:
+        state = "enabled" if s["enabled"] else "it warned and disabled itself"
+        return [_bug("torch.amp.GradScaler() was built without a device: it means 'cuda'. A bug off "
+                     "CUDA only: on a CUDA machine it is the right scaler, but this checker runs the loop "
+                     "on the CPU, where it warns and disables itself, so nothing is scaled "
+                     f"(here: {state}). Pass the model's device, torch.amp.GradScaler(device.type), "
+                     "and the loop runs anywhere")]
+    if s["device"] != "cpu":
+        return [_bug(f"GradScaler({s['device']!r}) for a model on the cpu: pass the model's device, "
+                     "torch.amp.GradScaler(device.type)")]
+    if not s["enabled"]:
+        return [_bug("the GradScaler is built with enabled=False: fp16 needs it on")]
+    return [(True, "fixed: the GradScaler is built for the model's device and is on")]
 
-    # 2. clip after unscale_
+
+def _clip_finding(log, error) -> list[tuple[bool, str]]:
+    """04's checker, bug 2: clip after unscale_."""
     clips, scaled = log.clips, log.scaled_clips
     if not clips and error is not None:
-        pass  # it stopped before the first clip
-    elif not clips:
-        bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt)")
-    elif scaled:
-        bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt), on gradients "
-            "still multiplied by the loss scale: the threshold acts as max_norm/scale. Call "
-            "scaler.unscale_(opt) first, then clip")
-    else:
-        findings.append("fixed: every clip runs after scaler.unscale_(opt)")
+        return []  # it stopped before the first clip
+    if not clips:
+        return [_bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt)")]
+    if scaled:
+        return [_bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt), on gradients "
+                     "still multiplied by the loss scale: the threshold acts as max_norm/scale. Call "
+                     "scaler.unscale_(opt) first, then clip")]
+    return [(True, "fixed: every clip runs after scaler.unscale_(opt)")]
 
-    # 3. unscale_, clip, step and update once per optimizer step (a loop that stopped early
-    # made fewer calls than it would have: nothing to count)
-    counts = {name: log.count(name) for name in ("unscale_", "step", "update")}
-    misplaced = False
-    backwards = log.count("scale")
+
+def _step_calls(log) -> dict[str, int]:
+    """How often the loop called unscale_, step and update (04's checker)."""
+    return {name: log.count(name) for name in ("unscale_", "step", "update")}
+
+
+def _call_count_finding(log, error, steps, accum_steps) -> list[tuple[bool, str]]:
+    """04's checker, bug 3: unscale_, clip, step and update once per optimizer step (a loop
+    that stopped early made fewer calls than it would have: nothing to count)."""
     if error is not None:
-        pass
-    elif any(n != steps for n in counts.values()):
-        misplaced = True
+        return []
+    counts, backwards = _step_calls(log), log.count("scale")
+    if any(n != steps for n in counts.values()):
         ran = ", ".join(f"{name} {n}x" for name, n in counts.items())
-        bug(f"{ran} for {steps} optimizer steps of {accum_steps} micro-batches: unscale_, "
-            "clip, step and update belong after the last micro-batch of each step only")
-    elif backwards != steps * accum_steps:
-        bug(f"scaler.scale(loss).backward() ran {backwards}x; expected one per micro-batch "
-            f"({steps * accum_steps})")
-    else:
-        findings.append(f"fixed: unscale_, step and update run once per {accum_steps} micro-batches")
+        return [_bug(f"{ran} for {steps} optimizer steps of {accum_steps} micro-batches: unscale_, "
+                     "clip, step and update belong after the last micro-batch of each step only")]
+    if backwards != steps * accum_steps:
+        return [_bug(f"scaler.scale(loss).backward() ran {backwards}x; expected one per micro-batch "
+                     f"({steps * accum_steps})")]
+    return [(True, f"fixed: unscale_, step and update run once per {accum_steps} micro-batches")]
 
-    # 4. the question: backward inside autocast
+
+def _autocast_answer_finding(log, answer) -> tuple[bool, str]:
+    """04's checker, the question: is backward inside autocast a bug here? Answered against a
+    measurement on this model."""
     inside = sum(c.info["in_autocast"] for c in log.calls if c.name == "scale")
     where = "inside" if inside else "outside"
-    if backward_in_autocast_is_a_bug is None:
-        passed = False
-        findings.append("question: is calling backward inside the autocast block one of this "
-                        "loop's bugs, one that changes what it computes? Answer with "
-                        "backward_in_autocast_is_a_bug=True or False")
-    else:
-        same = backward_inside_autocast_matches(clipping_lesson_model(hidden=32), *digits().batch(0, 32))
-        evidence = (f"measured on this model, its gradients inside and outside are "
-                    f"{'identical' if same else 'NOT identical'} bit for bit")
-        caveat = ("Autocast is still on during a backward called inside it, and acts on backward "
-                  "ops as on any op: a region the forward ran under autocast(enabled=False), or a "
-                  "custom autograd Function without custom_bwd (lesson 02), gets 16-bit matmuls "
-                  "in its backward. That is why the card and PyTorch's docs put backward outside")
-        if backward_in_autocast_is_a_bug and same:
-            passed = False
-            findings.append(f"not a bug in this loop ({evidence}): its model has no such region. "
-                            f"{caveat}. Your loop runs it {where}")
-        elif backward_in_autocast_is_a_bug:
-            findings.append(f"right: here it changes the gradients ({evidence}). {caveat}. "
-                            f"Your loop runs it {where}")
-        elif same:
-            findings.append(f"right: in this loop it is not a bug ({evidence}). {caveat}. "
-                            f"Your loop runs it {where}")
-        else:
-            passed = False
-            findings.append(f"it changes the gradients here ({evidence}). {caveat}. Your loop "
-                            f"runs it {where}")
+    if answer is None:
+        return False, ("question: is calling backward inside the autocast block one of this "
+                       "loop's bugs, one that changes what it computes? Answer with "
+                       "backward_in_autocast_is_a_bug=True or False")
+    same = backward_inside_autocast_matches(clipping_lesson_model(hidden=32), *digits().batch(0, 32))
+    evidence = (f"measured on this model, its gradients inside and outside are "
+                f"{'identical' if same else 'NOT identical'} bit for bit")
+    caveat = ("Autocast is still on during a backward called inside it, and acts on backward "
+              "ops as on any op: a region the forward ran under autocast(enabled=False), or a "
+              "custom autograd Function without custom_bwd (lesson 02), gets 16-bit matmuls "
+              "in its backward. That is why the card and PyTorch's docs put backward outside")
+    if answer and same:
+        return False, (f"not a bug in this loop ({evidence}): its model has no such region. "
+                       f"{caveat}. Your loop runs it {where}")
+    if answer:
+        return True, f"right: here it changes the gradients ({evidence}). {caveat}. Your loop runs it {where}"
+    if same:
+        return True, f"right: in this loop it is not a bug ({evidence}). {caveat}. Your loop runs it {where}"
+    return False, f"it changes the gradients here ({evidence}). {caveat}. Your loop runs it {where}"
 
-    # 5. the result, against the reference loop
-    if error is None:
-        mine = _weight_change(model, before)
-        theirs = _reference_change(steps, accum_steps, lr, batch_size)
-        off = float(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs))
-        if off < 1e-3:
-            findings.append("fixed: the weights end where the reference loop's do")
-        else:
-            disabled = bool(log.scalers) and not log.scalers[0]["enabled"]
-            causes = [text for found, text in (
-                (misplaced, "the steps taken per micro-batch"),
-                (bool(scaled) and not disabled, "the clips on scaled gradients"),
-                (disabled, "the disabled GradScaler"))
-                if found]
-            why = (f"the bugs above explain it ({', '.join(causes)}): fix those first" if causes else
-                   "unscale_, clip, step and update are in place, so look at what they act on: "
-                   "is each loss divided by accum_steps, and are the gradients zeroed once per "
-                   "optimizer step, after it, and not between micro-batches?")
-            bug(f"the weights moved {measured(off, '.0%')} away from the reference loop's (relative to its "
+
+def _weights_finding(model, before, log, steps, accum_steps, lr, batch_size) -> tuple[bool, str]:
+    """04's checker, the result: the learner's weights against the reference loop's, with the
+    bugs above that explain a difference."""
+    mine = _weight_change(model, before)
+    theirs = _reference_change(steps, accum_steps, lr, batch_size)
+    off = float(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs))
+    if off < 1e-3:
+        return True, "fixed: the weights end where the reference loop's do"
+    disabled = bool(log.scalers) and not log.scalers[0]["enabled"]
+    misplaced = any(n != steps for n in _step_calls(log).values())
+    causes = [text for found, text in (
+        (misplaced, "the steps taken per micro-batch"),
+        (bool(log.scaled_clips) and not disabled, "the clips on scaled gradients"),
+        (disabled, "the disabled GradScaler"))
+        if found]
+    why = (f"the bugs above explain it ({', '.join(causes)}): fix those first" if causes else
+           "unscale_, clip, step and update are in place, so look at what they act on: "
+           "is each loss divided by accum_steps, and are the gradients zeroed once per "
+           "optimizer step, after it, and not between micro-batches?")
+    return _bug(f"the weights moved {measured(off, '.0%')} away from the reference loop's (relative to its "
                 f"total change): {why}")
-    extra = sorted({w for w in caught if "GradScaler" not in w})
-    findings += [f"warning from your loop: {w}" for w in extra]
-    return Verdict(passed, findings)
+
 
 # --- 05_putting_it_together ----------------------------------------------------------
 
