@@ -68,8 +68,8 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # %% [markdown]
 # ## A network with small gradients
 #
-# A 4-layer MLP learns the 8x8 handwritten digits with AdamW. A network this small has
-# large gradients. Other networks have far smaller ones: in NVIDIA's *Mixed Precision
+# A 4-layer MLP learns the 8x8 handwritten digits with AdamW. Other networks have far
+# smaller gradients: in NVIDIA's *Mixed Precision
 # Training* paper (section 3.2 and its Figure 3), many activation gradients of a Multibox
 # SSD detector lay below 2^-24, float16's smallest subnormal, and became zeros. To see on a
 # laptop what fp16 does to gradients that small, this lesson multiplies the loss by
@@ -111,7 +111,11 @@ print(flush_report(fp32, fp16, "fp16"))
 
 # %% [markdown]
 # Some gradients are zero in fp32 too (the first share above): weights that read a pixel
-# blank in the whole batch, and wherever a ReLU was off (lesson 01 counted both). Everything fp16 adds to that is lost to its range. Why? Compare the sizes.
+# blank in the whole batch, and wherever a ReLU was off (lesson 01 counted both). Everything
+# fp16 adds to that is lost to its range. Why? Compare the sizes. (The share of fp32's values
+# at or below 2^-25, next, need not equal the share fp16 flushed: the first compares fp32's
+# values with fp16's range, the second counts what fp16's own backward produced, in which
+# every gradient passed from layer to layer was rounded to fp16 too.)
 # (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's smallest subnormal,
 # rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
@@ -273,7 +277,10 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 #
 # GradScaler does not say so: `step` calls `optimizer.step()` only when no inf was found,
 # with no warning or log otherwise (`_maybe_opt_step` in `torch/amp/grad_scaler.py`; the
-# cell below records warnings around a skipped step). Three signs, all readable in your own loop: the scale after
+# cell below records warnings around a skipped step). A fused optimizer (`fused=True`) is the
+# exception: GradScaler calls its `step()` every time and the optimizer skips the update
+# itself (`_step_supports_amp_scaling`, same file). Three signs, all readable in your own
+# loop, hold either way: the scale after
 # `update()` is lower than before it; the optimizer's own step count (Adam's
 # `state[p]["step"]`) did not move; the weights did not change.
 
@@ -299,7 +306,8 @@ print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
 # %% [markdown]
 # ## Why the first steps can be skipped
 #
-# A scale can also be too large: a scaled gradient above 65504 overflows to inf. A loss
+# A scale can also be too large: a scaled gradient from 65520 on (halfway past fp16's
+# largest, 65504) overflows to inf. A loss
 # summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence)
 # has gradients as many times larger as there are terms in the sum. Here is the same
 # network with the cross-entropy summed over the batch of 64. **Predict** what happens to
@@ -483,9 +491,9 @@ print(inspect.getsource(amp_step_as_given))
 # %% [markdown]
 # Copy it into the cell below as `def my_step(model, opt, scaler, scheduler, x, y):`, and
 # make it return `True` exactly when GradScaler skipped the step and step the scheduler
-# only otherwise. The checker runs your step on seven batches: two hold an inf, and before
-# one of them the scale is set far too high (2^40), so that its loss is finite while its
-# scaled gradients overflow. It checks what your step returns, the weights, AdamW's and the
+# only otherwise. The checker runs your step on seven batches: two hold an inf, and before a
+# third the scale is set far too high (2^40), so that its loss is finite while its scaled
+# gradients overflow. It checks what your step returns, the weights, AdamW's and the
 # scheduler's step counts and the warning. As given, it checks the step above:
 
 # %%

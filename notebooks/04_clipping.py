@@ -120,7 +120,8 @@ print(between("the applied norm is max_norm / scale, to float16 rounding",
 # Now the same training, from the same seed, with `clip_norm=1.0` and plain SGD:
 # float32 (the reference), float16 + GradScaler clipping after `unscale_`, and float16 +
 # GradScaler clipping before it (`clip_order="before_unscale"`: the `Trainer` runs it as
-# asked and warns with a `UserWarning` unless `teaching=True`, which these runs pass).
+# asked and warns with a `UserWarning` unless `teaching=True`, which these runs pass;
+# `_warn_teaching` in `amp_lessons/training.py`).
 # **Predict**: which of the two fp16 runs tracks float32?
 
 # %%
@@ -238,7 +239,7 @@ print(f"clip_value / scale: {CLIP_VALUE / r.scale:.3g}")
 
 # %% [markdown]
 # The same division: the effective clip value is `clip_value / scale`, and every gradient
-# value is clamped into a band thousands of times narrower than the one you asked for.
+# value is clamped into a band 65,536 times narrower than the one you asked for.
 #
 # ## `unscale_` once per step
 #
@@ -314,7 +315,7 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 # only a micro-batch). Stepping every micro-batch takes k steps on small batches instead
 # (and k scaler updates, so `growth_interval` counts k times too fast): with AdamW, each a
 # full Adam step. Not dividing by k makes the summed gradient k times too large: with SGD,
-# a learning rate k times larger than the one you set; with AdamW it nearly vanishes (only
+# a learning rate k times larger than the one you set (while the clip does not cap it); with AdamW it nearly vanishes (only
 # the clip and `eps` see the size). A loop that still trains is not proof that it
 # accumulates correctly: compare one update with a large batch, as above.
 #
@@ -362,8 +363,9 @@ with expect_error(RuntimeError):
 # %% [markdown]
 # ## A check to drop into your own loop
 #
-# `check_clipping(scaler)` watches `clip_grad_norm_` and `clip_grad_value_` while it is
-# active and warns (`ScaledClipWarning`) when either runs on gradients the scaler has not
+# `check_clipping(scaler)` watches `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_`
+# (called through `torch.nn.utils`; a clip imported by name before it, or a library's own
+# clip method, is not seen) while it is active and warns (`ScaledClipWarning`) when either runs on gradients the scaler has not
 # unscaled yet. In your own loop:
 #
 # ```python
