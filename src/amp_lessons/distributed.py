@@ -288,9 +288,10 @@ def claim_port(port=None):
     port: the second one asking for a port the first holds is refused at once with
     :class:`PortInUseError` (``port`` given), or gets another free port (``port=None``).
     A port another program listens on is refused as :func:`check_port` does."""
-    if port is not None:
-        check_port(port)  # the range, and another program listening there
-    for _ in range(1 if port is not None else PORT_TRIES):
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
+        check_port(port)  # refuses the value itself, with what to pass
+    for _ in range(1 if port is not None else PORT_TRIES):  # the lock first, then the bind check:
+        # a port another launch holds is refused for that reason, whether or not its ranks listen yet
         chosen = free_port() if port is None else port
         f = open(_lock_path(chosen), "a+b")
         if _try_lock(f):
