@@ -327,7 +327,8 @@ print(f"your gradients span {measured(span, '.1f')} powers of two; "
 #
 # Multiply the loss by `2^k` and, by the chain rule, every gradient is multiplied by
 # `2^k`: the histogram slides `k` to the right. A power of two changes only the exponent,
-# so the scaling itself rounds nothing. `GradScaler` (lesson 03) does exactly this, and
+# so the scaling itself rounds nothing, as long as the result stays within float32's normal
+# range. `GradScaler` (lesson 03) does exactly this, and
 # divides by `2^k` again in float32 before the optimizer step.
 #
 # **Predict:** with the scale `2^8`, how many values still flush in float16, and does any

@@ -24,8 +24,9 @@
 # two differences: in the recipe this lesson builds, it is computed from the tensor itself
 # rather than searched for, and every tensor (or every row) gets its own.
 #
-# Everything here runs on any device. `torch._scaled_mm`, the fp8 matmul, also runs on a
-# CPU, so every number below is real; only the speed needs an fp8 GPU. You will see:
+# Everything here runs on any device with the torch releases this course supports.
+# `torch._scaled_mm`, the fp8 matmul, also runs on a CPU (per-row scales there from torch
+# 2.13), so every number below is real; only the speed needs an fp8 GPU. You will see:
 #
 # - the two fp8 formats beside bf16 and fp16, and what a cast does with a value too large;
 # - your own network's tensors against them: unscaled, scaled per tensor, scaled per row;
@@ -113,7 +114,7 @@ for name in ("fp8_e4m3", "fp8_e5m2"):
 
 # %% [markdown]
 # An fp8 tensor is storage for a matmul, not a number type you compute with. It takes one
-# byte per value, and torch has almost no arithmetic for it:
+# byte per value, and torch refuses most arithmetic on it, `add` for one:
 
 # %%
 from amp_lessons.show import expect_error

@@ -388,7 +388,7 @@ def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
                           "_scaled_mm takes per-tensor and per-row scales")
         if cc == (8, 9):
             return (True, f"compute capability {label} (Ada): fp8 tensor cores; per-row scales "
-                          "need a bf16 or fp16 output there")
+                          "need a bf16 output (ScaledBlas.cpp's row-wise check)")
         return (False, f"compute capability {label}: no fp8 tensor cores, and torch._scaled_mm "
                        "refuses to run (it needs 8.9 or 9.0+)")
     if device_type == "cpu":
