@@ -20,7 +20,7 @@
 # makes the AMP mistakes that come up again and again in PyTorch's and Hugging Face's issue
 # trackers, on purpose, each from a loop a few lines long: the message as torch prints it,
 # the loop that makes it, why, and the fix running. Five of the mistakes print no message
-# at all (a skipped step after the first, an optimizer's updates off by a power of two, an
+# at all (a skipped step after the first, an optimizer's gradients off by a power of two, an
 # overflow to inf, an unscaled gradient penalty, bfloat16 on a T4 that reports it
 # supported), and those are the ones to fear. Then a checker,
 # `python -m amp_lessons lint`, that reads a training loop's source and names the mistakes
@@ -169,8 +169,10 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 
 # %% [markdown]
 # `update()` doubled the scale between the two `step` calls, so model 2's gradients, made
-# at the old scale, were divided by the new one: every step of model 2 is half as large as
-# it should be, and the scale grows twice per iteration instead of once. With the default
+# at the old scale, were divided by the new one: model 2's gradients are half what they
+# should be (with SGD, as here, so is its step; Adam's normalised step mostly absorbs a
+# constant factor), and the scale
+# grows twice per iteration instead of once. With the default
 # interval (2000) growth is rare, but an overflow changes the scale too, the other way.
 # One step with the default interval and an inf in model 1's gradient only; then in both:
 
@@ -399,10 +401,9 @@ print(between("forgetting to unscale multiplies the penalty by the scale S: |pen
 # Forgotten, the first steps overflow. `scaler.scale(loss)` multiplies the penalty's
 # gradient by S once more, and backward carries it (S·S, 2^32 at the start) back through
 # the float16 matmuls of the first backward, whose results pass float16's largest value:
-# the weights' gradients hold inf. (The same first step with the forward in float32 stays
-# finite.) Each skip halves S, and once S is small enough the steps go through.
-# The scale at every step (`s`: skipped) follows from float16 sums near float16's largest
-# value, figures this course does not compare across CPUs; the checks after it are compared:
+# the weights' gradients hold inf. Each skip halves S, and once S is small enough the steps
+# go through. The scale at every step (`s`: skipped) follows from float16 sums near float16's
+# largest value; the checks after it are what holds on every CPU:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -454,7 +455,7 @@ print(errors.cuda_bce("logits"))
 
 # %% [markdown]
 # On a CUDA machine the verdict below runs the real thing and checks the replay against
-# it; its words say which it did, so the tests do not compare them.
+# it; its words say which it did.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -478,12 +479,11 @@ for question, answer in errors.t4_bf16_answers().items():
 # carries out bf16 math through float32 below compute capability 8.0.
 # `including_emulation=False` asks about the hardware. The course's hardware report
 # (`python -m amp_lessons doctor`, lesson 00) asks that way and recommends float16 with a
-# GradScaler there. Slow is not the worst of it: cuDNN has bfloat16 convolution engines
-# only from compute capability 8.0, and PyTorch checks the capability before it sends a
-# bfloat16 convolution to cuDNN (pytorch/pytorch#81139); diffusers' CI on a T4 failed at a
-# depthwise `Conv2d` in bfloat16 for want of an engine (huggingface/diffusers#14688). So a
-# convolutional network under bfloat16 autocast on a T4 may be slow, or may raise; this
-# lesson runs neither. On a pre-Ampere GPU the verdict below runs for real:
+# GradScaler there. Convolutions are a further question: PyTorch sends a bfloat16
+# convolution to cuDNN only from compute capability 8.0 (pytorch/pytorch#81139), and one
+# project reports its T4 CI failing at a depthwise `Conv2d` in bfloat16
+# (huggingface/diffusers#14688). This lesson runs neither; on a T4, prefer float16 with a
+# GradScaler. On a pre-Ampere GPU the verdict below runs for real:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -607,19 +607,19 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway | 03, section 1 |
 # | (none) the schedule a step ahead of the training | a skipped step after the first, and the scheduler stepped anyway | 03, section 1 |
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | 04, section 2 |
-# | (none) second optimizer's updates off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` after each optimizer's step | section 3 |
+# | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` after each optimizer's step | section 3 |
 # | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | 05, section 4 |
 # | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA too, by source: the check runs before the kernel; a `Linear` with bias, 2-D input); `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU, no bias); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, no bias) | a 16-bit activation meets float32 weights outside autocast | 02, section 5 |
-# | `Input type (c10::BFloat16) and bias type (float) should be the same` | the same, at a convolution | section 5 |
+# | `Input type (c10::BFloat16) and bias type (float) should be the same` (CPU; CUDA's wording not checked) | the same, at a convolution | section 5 |
 # | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | 01, 03, section 6 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
 # | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | 03, section 8 |
 # | (none) the first steps skipped, then a penalty S times too large | a gradient penalty from scaled gradients | section 9 |
 # | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | 02, section 10 |
-# | (none) bf16 "supported" on a T4, yet emulated: slow (and a convolution may find no cuDNN engine and raise) | `is_bf16_supported()` counts emulation | 00, section 11 |
+# | (none) bf16 "supported" on a T4, yet emulated: slow (and a bfloat16 convolution reported failing in one project's CI) | `is_bf16_supported()` counts emulation | 00, section 11 |
 # | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on an optimizer whose parameters have no gradients | section 12 |
-# | `expected scalar type BFloat16 but found Float` | one op's inputs in two dtypes (a `.to(torch.bfloat16)` model, float32 class weights) | section 12 |
+# | `expected scalar type BFloat16 but found Float` (CPU; CUDA's wording not checked) | one op's inputs in two dtypes (a `.to(torch.bfloat16)` model, float32 class weights) | section 12 |
 # | `Current CUDA Device does not support bfloat16. Please switch dtype to float16.` | bf16 CUDA autocast where `is_bf16_supported()` is False | section 12 |
 #
 # ## Remember

@@ -557,7 +557,8 @@ HARDWARE = (
     ("a CPU", "no block scales: torch's CPU _scaled_mm (aten/src/ATen/native/Blas.cpp, "
      "_scaled_mm_out_cpu) takes fp8 scales per tensor (and per row from torch 2.13); with oneDNN built in and "
      "enabled, on x86, two operands of one fp8 dtype go to oneDNN (mkldnn_scaled_mm) on a CPU with "
-     "AMX-INT8, two of mixed dtypes on one with AMX-FP16, and all others dequantize to float32 and "
+     "AMX-INT8, two of mixed dtypes on one with AMX-FP16 (in some releases only with per-tensor "
+     "scales), and all others dequantize to float32 and "
      "multiply; every block scheme here is emulated"),
     ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; 1x128 and "
      "128x128 float32 block scales through cuBLAS: torch 2.13's scaled_mm takes them only on "
