@@ -659,7 +659,7 @@ print(listing(inspect.getsource(two_model_loop_as_given)))
 # %% [markdown]
 # Copy it into the cell below as `def my_loop(models, optimizers, schedulers, batches):`
 # and fix it. The checker runs your loop on two tiny networks for four batches, the first
-# holding an inf, as on a machine without CUDA (so that it says the same on every machine),
+# and the third holding an inf, as on a machine without CUDA (so that it says the same on every machine),
 # records the GradScaler and its calls, counts each optimizer's and scheduler's steps, and
 # reads your source with `check_loop`; it names the kind of each mistake and the section
 # that shows it. As given, it checks the loop above:

@@ -754,7 +754,7 @@ def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, ste
             + "; step each one after every step its optimizer takes (section 1)")
     elif min(taken) < len(clean):
         bug(f"AdamW stepped {taken} times for the {len(clean)} clean batches your loop trained on: "
-            f"after the skipped step of batch {bad[0]}, later steps were skipped too (what is left "
+            f"after a skipped step, later steps were skipped too (what is left "
             "in the gradients from one iteration to the next?)")
     elif skipped_by_hand:
         bug(f"GradScaler skipped no step: your loop kept batch {skipped_by_hand[0]} (the one with the inf) "
@@ -765,14 +765,15 @@ def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, ste
             "so the schedulers' guard could not be checked")
     else:
         findings.append(f"fixed: each scheduler stepped {stepped[0]} times, once per AdamW step "
-                        f"(GradScaler skipped the step of batch {bad[0]}, and neither moved)")
+                        f"(GradScaler skipped the steps of batches {' and '.join(map(str, bad))}, and "
+                        "neither moved)")
 
 
 def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     """06: check the learner's ``loop(models, optimizers, schedulers, batches)`` two ways.
 
     It is run on two tiny MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, the first
-    holding an inf, as on a machine without CUDA (the same on every machine), with every
+    and the third holding an inf, as on a machine without CUDA (the same on every machine), with every
     GradScaler and its calls recorded: the scaler's device, one ``update()`` per batch, the
     optimizers stepping on every clean batch, each scheduler stepping exactly when its
     optimizer did, no warnings, finite weights. Then its source is read by
@@ -792,7 +793,7 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     models = [tiny_model(1), tiny_model(2)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
     schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
-    bad, error = (0,), None
+    bad, error = (0, 2), None  # two skips, so a guard that only knows the first one is caught
     with without_cuda(), record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = _MarkedBatches(tiny_batches(steps, bad=bad), log)
