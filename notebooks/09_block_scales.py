@@ -205,7 +205,10 @@ for kind, tensors in groups.items():
 # scales), MXFP8 (1x32 e4m3, e8m0 scales by the OCP rule), MXFP4 (1x32 e2m1, e8m0) and NVFP4
 # (1x16 e2m1, e4m3 scales, float32 tensor scale). The error is the **signal-to-quantization-
 # noise ratio**, `10 log10(sum x² / sum (x - x̂)²)` in dB: higher is better, and one bit of
-# precision is worth about 6 dB. **Predict:** which schemes come out on top, and by how much
+# precision is worth about 6 dB (halving the error: 20 log10 2 ≈ 6.02). A value counts as
+# **saturated** when its scaled magnitude is past what rounding could still bring back to the
+# element's largest value (from 7 for e2m1, above 464 for e4m3) and the cast clamps it; values
+# just past the largest (6 or 448) that round down to it are not counted. **Predict:** which schemes come out on top, and by how much
 # does 4 bits trail 8?
 
 # %%
@@ -570,8 +573,8 @@ else:
 #   rescues the small values an outlier would push out (a 32-value block confines an outlier
 #   feature; per-row scales cannot). With e2m1 elements the scale matters more: NVFP4's
 #   16-value blocks and e4m3 scales beat MXFP4's 32 and powers of two, and e8m0 alone costs
-#   MXFP4 less than a bit's 6 dB. The element still sets the level: every e4m3 scheme beats every
-#   e2m1 one by more than 6 dB (the verdicts above).
+#   MXFP4 less than a bit's 6 dB. The element still sets the level: here every e4m3 scheme beats every
+#   e2m1 one by more than 6 dB on this network's tensors (the verdicts above).
 # - Emulated in float32, a block-scaled matmul is dequantize-then-matmul, up to accumulation
 #   order. A real kernel may accumulate with less: DeepSeek-V3 (section 3.3) measured about
 #   14 bits on H800's fp8 tensor cores, and adds partial sums into float32 every 128 values.
@@ -580,7 +583,7 @@ else:
 #
 # ## Watch out
 #
-# - The OCP rule saturates the top of a block (a scale up to 1.33x too small for e2m1,
+# - The OCP rule can saturate the top of a block (a scale up to 1.33x too small for e2m1,
 #   1.14x for e4m3); rceil does not. Know which one your kernel's quantizer uses.
 # - `margin` buys headroom for spikes with range at the bottom, on every step.
 # - Round-to-nearest in 4 bits drops a block's small gradient values every step (the block

@@ -147,7 +147,7 @@ def pure(fn: str, *args) -> Callable[[], str]:
 
 
 def loss_scale(k: int, reference_cell: str | None = None) -> Check:
-    """01's slider at 2^k: the table names the scale (and, at 2^16, equals the table the
+    """01's slider at 2^k: the table names the scale (and, at 2^8, equals the table the
     lesson's own cell printed for the same gradients); the histogram is a new PNG."""
 
     def check(change: Change, page) -> None:
@@ -227,8 +227,10 @@ LESSONS = [
         WidgetCheck("loss scale", [
             Step(slider_key("loss scale", "ArrowRight"), loss_scale(1)),
             Step(slider_key("loss scale", "PageUp"), loss_scale(6)),
-            Step(slider_key("loss scale", "PageUp"), loss_scale(11)),
-            Step(slider_key("loss scale", "PageUp"), loss_scale(16, "print(scale_table(grads, 2.0**16, measured=True))")),
+            Step(slider_key("loss scale", "ArrowRight"), loss_scale(7)),
+            Step(slider_key("loss scale", "ArrowRight"), loss_scale(8, "print(scale_table(grads, 2.0**8, measured=True))")),
+            Step(slider_key("loss scale", "PageUp"), loss_scale(13)),
+            Step(slider_key("loss scale", "PageUp"), loss_scale(18)),
         ]),
         WidgetCheck("format", [
             Step(toggle("format", "bf16"), shows(pure("value_in_format", "1e-8", "bf16"))),
