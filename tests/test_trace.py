@@ -283,7 +283,10 @@ def test_casts_inside_an_op_autocast_has_no_kernel_for_are_not_autocasts():
     (weight_cast,) = trace_fn(lambda: h @ w, device="cpu", dtype=torch.bfloat16).casts
     assert weight_cast.autocast_cast  # mm's kernel casts the float32 weight: autocast's own
     cuda = trace_fn(partial(torch.rms_norm, h, (8,)), device="cuda", dtype=torch.bfloat16, simulate=True)
-    assert cuda.casts[0].autocast_cast
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):  # torch 2.13
+        assert cuda.casts[0].autocast_cast
+    else:  # torch 2.11: CUDA's autocast has no rms_norm kernel (its fused kernel, replayed, casts nothing)
+        assert not any(r.by_autocast for r in cuda.records)
 
 
 @pytest.mark.parametrize("op", ["softmax(x)", "log_softmax(x)"])
