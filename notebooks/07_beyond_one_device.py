@@ -74,9 +74,10 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # kernel's `__main__`, which a fresh process cannot import, so its ranks fail with
 # `Can't get attribute ... on <module '__main__'>` (Python's `multiprocessing` docs: the
 # `__main__` module must be importable by the children). A function imported from a module
-# spawns fine. The course starts the ranks the way `torchrun` does, so that the same
-# command runs from a terminal: N new Python processes, each running the module
-# `amp_lessons.dist_worker`. Each rank learns its rank, the world size and the rendezvous
+# spawns fine. The course starts the ranks the way `torchrun` does (`via="torchrun"` runs
+# torchrun itself; from a terminal, `python -m amp_lessons dist --via torchrun` prints this
+# lesson's DDP and FSDP2 tables): N new Python processes, each running the module
+# `amp_lessons.dist_worker` on a directory that holds the plan and the data. Each rank learns its rank, the world size and the rendezvous
 # address from environment variables. Each rank writes what it saw to a JSON file, and
 # `launch` reads the files back into the notebook. The ranks' own output stays out of the
 # notebook unless a rank fails.
@@ -87,19 +88,20 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # %%
 from amp_lessons import distributed as D
 
-DEVICE = "cpu"  # "cuda" runs NCCL, one GPU per rank
+DEVICE = "cpu"  # "cuda" runs NCCL, one GPU per rank: 2 GPUs here (one T4 is not enough)
 ddp = D.launch([D.ddp_job("DDP fp32", precision="fp32"), D.ddp_job("DDP + autocast bf16", precision="bf16")],
                nproc=2, device=DEVICE)
 print(D.describe_ranks(ddp))
-print("the same launch from a terminal:", ddp.command)
+print("each rank runs:", ddp.command, "(RUN_DIR: the plan and data launch writes, in a temporary directory)")
 
 # %% [markdown]
 # ## DDP + autocast: what goes over the wire
 #
-# After `backward()`, DDP averages the gradients over the ranks with an all-reduce. It
+# During `backward()`, DDP averages the gradients over the ranks with an all-reduce. It
 # packs them into *buckets* and passes each bucket to a *comm hook*. The course's spy is
 # a hook that records the bucket DDP hands it and the tensor it passes to
-# `dist.all_reduce`; then it runs `allreduce_hook`, which does what DDP does without a hook.
+# `dist.all_reduce`; then it runs `allreduce_hook`, which does what DDP does without a hook
+# (its docstring: the results are expected to be the same as with no hook registered).
 #
 # **Predict:** under bf16 autocast the matmuls run in bf16. Which dtype does DDP all-reduce?
 
@@ -113,15 +115,15 @@ print(D.ddp_table(ddp))
 # from each rank, a ring all-gather or reduce-scatter (W-1)/W of the full tensor; the
 # backend picks the algorithm.) Autocast casts each
 # weight to bf16 inside `forward`, and that cast is part of the autograd graph. Its backward
-# casts the gradient back to the weight's dtype, so a gradient always has its parameter's
-# dtype. The parameters are float32 master weights, so DDP's buckets are float32: 4 bytes
-# per parameter.
+# casts the gradient back to the weight's dtype, so a gradient has its parameter's dtype
+# (unless the parameter's `grad_dtype` is set to another one). The parameters are float32
+# master weights, so DDP's buckets are float32: 4 bytes per parameter. Each rank computes
+# its own loss on its own batch; the averaged gradients make every rank take the same step.
 
 # %%
 n_params = ddp["DDP fp32"][0]["n_params"]
 print(f"{n_params:,} parameters x 4 bytes = {4 * n_params:,} bytes all-reduced per step by each rank")
-print("every rank has the same loss curve and bit-identical weights:",
-      all(D.ranks_agree(ddp, name) for name in ddp.names))
+print("every rank ends with bit-identical weights:", all(D.ranks_agree(ddp, name) for name in ddp.names))
 
 # %% [markdown]
 # ## Compress hooks: half the bytes, at a price
@@ -145,7 +147,7 @@ from amp_lessons.claims import at_least, at_most, between, check, measured
 errors = D.hook_errors(hooks)
 for name, (sent, error) in errors.items():
     print(f"{name:<15} {sent:>6,} bytes/step   error against a float32 all-reduce {measured(error, '.1e')}")
-check("the allreduce hook is exactly DDP's float32 all-reduce", errors["allreduce hook"][1] == 0.0)
+check("the allreduce hook adds no error against the spy's float32 all-reduce", errors["allreduce hook"][1] == 0.0)
 
 # %%
 at_least("bf16_compress_hook adds at least 4x the error of fp16_compress_hook",
@@ -158,8 +160,8 @@ at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", er
 # A compress hook rounds every gradient to 16 bits before the sum, and the sum again. Both
 # hooks also cast *before* they divide by the world size
 # (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient below
-# its smallest subnormal is 0 before the sum starts, and the division pushes more into
-# subnormals. The fp16 hook's arithmetic for 8 ranks, on three float32 gradients:
+# half its smallest subnormal (2^-25, about 3e-8) rounds to 0 before the sum starts, and the
+# division pushes more into subnormals. The fp16 hook's arithmetic for 8 ranks, on three float32 gradients:
 
 # %%
 g = torch.tensor([1e-3, 1e-6, 1e-8])
@@ -246,6 +248,15 @@ print(D.policy_table(fsdp, ["(bf16, None)"]))
 
 # %%
 print(D.comm_bytes(fsdp, POLICIES))
+n = fsdp["(fp32)"][0]["n_params"]
+print(f"\nrank 0's float32 shard: {4 * n // fsdp.world_size:,} bytes; the whole float32 gradient: {4 * n:,} bytes")
+
+# %% [markdown]
+# Each all-gather is handed this rank's shard, and a layer is gathered twice per step: for
+# forward, and again for backward, after FSDP2 freed the gathered weights. So a float32
+# all-gather total is twice the float32 shard. A reduce-scatter is handed the whole unsharded
+# gradient and gives back this rank's shard of the sum: its float32 total is the whole
+# gradient. The two 35,880s are equal by this model's arithmetic, not for one reason.
 
 # %% [markdown]
 # And here is what rank 0 holds of the first layer's weight under `(bf16, fp32)`:
@@ -254,15 +265,18 @@ print(D.comm_bytes(fsdp, POLICIES))
 print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
 
 # %% [markdown]
-# FSDP2's policy is not autocast. Every op of a sharded layer runs in `param_dtype`, including
-# the ones autocast would keep in float32, and the model's output is bf16. So the course's
-# ranks compute the loss from `logits.float()`. `MixedPrecisionPolicy(output_dtype=torch.float32)`
-# is another way to do it for the loss: it casts a sharded module's *outputs*, and leaves
-# the ops inside (a softmax in attention, a norm) in `param_dtype`. To have those in
-# float32, cast inside the module, or wrap the forward in `torch.autocast` as on one
-# device: autocast's lists then apply to the ops inside as well (on CUDA, softmax and the
-# losses run in float32; lesson 02), on top of the gathered 16-bit parameters. This
-# lesson's ranks do not combine the two.
+# FSDP2's policy is not autocast. It casts the gathered parameters (and, with
+# `cast_forward_inputs`, the inputs) to `param_dtype`, and each op then runs in the dtype of
+# what it is given, as without autocast: the ops after a bf16 Linear run in bf16, including
+# the ones autocast would keep in float32, while an op that meets a float32 buffer (the
+# policy does not cast buffers) promotes to float32. This MLP's output is bf16, so the
+# course's ranks compute the loss from `logits.float()`.
+# `MixedPrecisionPolicy(output_dtype=torch.float32)` is another way to do it for the loss:
+# it casts a sharded module's *outputs*, and leaves the ops inside (a softmax in attention, a
+# norm) in 16 bits. To have those in float32, cast inside the module, or wrap the forward in
+# `torch.autocast` as on one device: autocast's lists then apply to the ops inside as well
+# (on CUDA, `softmax` and `layer_norm` compute in float32; lesson 02), on top of the gathered
+# 16-bit parameters. This lesson's ranks do not combine the two.
 #
 # ## Why `reduce_dtype=torch.float32`
 #
@@ -440,6 +454,12 @@ from amp_lessons.scaling import lesson_data
 x, y = lesson_data().batch(0, 64)
 copies = saved_memory(lesson_model("cpu"), x, y, "bf16").weight_copy_bytes
 print(f"bf16 weight copies saved: {copies:,} bytes; at most 2 N = {2 * N:,}: {copies <= 2 * N}")
+sizes = [m.weight.numel() for m in lesson_model("cpu").modules() if isinstance(m, torch.nn.Linear)]
+print(f"2 bytes x the weights after the first layer {sizes[1:]}: {2 * sum(sizes[1:]):,} bytes")
+
+# %% [markdown]
+# Less than 2 N: a matmul saves its weight's bf16 copy to compute its *input's* gradient, and
+# the first layer's input, the data, needs none.
 
 # %% [markdown]
 # The same arithmetic for a 7-billion-parameter model on 8 GPUs, in GiB (2^30 bytes). L is
@@ -466,8 +486,10 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 #
 # ## When a launch goes wrong
 #
-# If one rank raises, `launch` stops the others (they would wait forever at their next
-# collective) and says which rank failed and why. A taken port, a run past its `timeout` and
+# If one rank raises, `launch` stops the others (they would wait at their next collective
+# until its timeout: 60 s in the course's ranks; torch's defaults are 30 minutes for gloo
+# and 10 for NCCL, `default_pg_timeout` and `default_pg_nccl_timeout` in
+# `torch/distributed/constants.py`) and says which rank failed and why. A taken port, a run past its `timeout` and
 # a device with no backend each get an error that says what to do:
 
 # %%
@@ -518,14 +540,15 @@ with expect_error(D.BackendUnavailableError):
 # - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16 before
 #   torch 2.15 and, for float32 parameters, in float32 from 2.15 on. Set `reduce_dtype=torch.float32`: the same on
 #   every release.
-# - FSDP2's policy is not autocast: every op of a sharded module runs in `param_dtype`.
-#   `logits.float()` or `output_dtype=torch.float32` makes the loss float32, not the
-#   softmaxes inside the model.
+# - FSDP2's policy is not autocast: it casts parameters and inputs to `param_dtype`, and the
+#   ops follow, softmaxes and norms too. `logits.float()` or `output_dtype=torch.float32`
+#   makes the loss float32, not the softmaxes inside the model.
 # - `mp.spawn` of a function defined in a notebook fails. Spawn a function imported from a
 #   module, or launch a module with `torchrun` (or `python -m torch.distributed.run`) and
 #   read what the ranks write to files.
-# - A rank whose launcher was killed is an ordinary process: it keeps the rendezvous port
-#   and its device memory until it exits. Stop it by its process id.
+# - The course's ranks exit within about a second of losing their launcher. The ranks of a
+#   script of your own may not: a rank process that outlives its launcher keeps its GPU
+#   memory until it exits. Look for it (`nvidia-smi`, `ps`) and stop it by its process id.
 
 # %% [markdown]
 # ## Exercise: predict FSDP2's dtypes
@@ -553,8 +576,11 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #   and the note that the examples need an importable `__main__`).
 # - `gradient_as_bucket_view`, `no_sync`: the `DistributedDataParallel` docstring,
 #   `torch/nn/parallel/distributed.py`.
-# - The compress hooks' cast, then divide: `_compress_hook` in
+# - The compress hooks' cast, then divide, and `allreduce_hook` matching DDP with no hook:
+#   `_compress_hook` and `allreduce_hook`'s docstring in
 #   `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`.
+# - `Tensor.grad_dtype` (a leaf tensor's gradient dtype, by default its own): `torch/_tensor_docs.py`.
+# - The process-group timeouts: `torch/distributed/constants.py`.
 # - FSDP2's divide factors and the reduce-scatter's buffers: `_get_gradient_divide_factors`
 #   and `foreach_reduce`, `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`.
 # - DDP all-reduces from autograd hooks during backward: the `DistributedDataParallel`

@@ -239,9 +239,11 @@ def test_policy_exercise_checker():
     verdict = check_policy_prediction(wrong, record)
     assert not verdict.passed
     assert any("reduce_scatter: not fp32" in f and "changed in 2.15" in f for f in verdict.findings)
-    assert any(f.startswith("op: not 'avg'") for f in verdict.findings)
+    assert any(f.startswith("op: not 'avg'") and "40000" in f for f in verdict.findings)
     empty = check_policy_prediction(dict.fromkeys(right), record)
-    assert not empty.passed and "no answer yet" in str(empty)
+    assert not empty.passed and "no answer yet" in str(empty) and "40000" not in str(empty)
+    misspelt = check_policy_prediction({**right, "shard": right["sharded"]}, record)
+    assert not misspelt.passed and "unknown key 'shard'" in str(misspelt)
     typo = check_policy_prediction(dict(right, forward="fp61"), record)
     assert not typo.passed and "precision must be one of" in str(typo)
     assert not check_policy_prediction(None, record).passed
@@ -494,3 +496,14 @@ def test_selfcheck_on_cpu_holds():
     assert len(verdicts) == 5
     assert all(v.holds for v in verdicts), "\n".join(v.line() for v in verdicts)
     assert "gloo, 2 rank(s) on cpu" in verdicts[0].claim
+
+
+def test_ranks_agree_compares_the_weights_not_the_averaged_loss():
+    def run(*digests):
+        ranks = [{"rank": r, "jobs": {"ddp": {"digest": d, "steps": [{"loss": 1.0}]}}} for r, d in enumerate(digests)]
+        return D.Run(ranks, "gloo", "cpu", "", names=["ddp"])
+
+    assert D.ranks_agree(run("ab", "ab"), "ddp")
+    assert not D.ranks_agree(run("ab", "ac"), "ddp")  # the same loss everywhere, different weights
+    with pytest.raises(ValueError, match="no weight digest"):
+        D.ranks_agree(run(None, None), "ddp")

@@ -141,7 +141,7 @@ def test_loss_curves_title_names_the_lagging_run_and_leaves_gaps_for_skips():
     fig = loss_curves(runs, LOSS_WEIGHT)
     assert isinstance(fig, matplotlib.figure.Figure)
     ax = fig.axes[0]
-    assert ax.get_title() == "after 20 steps, slow lags: mean loss of the last 10 steps 2.00 vs 0.50 (fast)"
+    assert ax.get_title() == "after 20 steps, slow lags; mean loss of the last 10 steps: slow 2.00, fast 0.50"
     assert "2^-15" in ax.get_ylabel() and ax.get_xlabel() == "optimizer step"
     assert math.isnan(ax.lines[1].get_ydata()[5])
 
@@ -152,7 +152,7 @@ def test_loss_curves_title_says_other_for_two_close_runs_and_rest_for_more():
         for r in runs[name]:
             r.loss = (1.0 + 0.01 * i) * LOSS_WEIGHT
     two = loss_curves({k: runs[k] for k in ("a", "b")}, LOSS_WEIGHT, tail=3).axes[0].get_title()
-    assert two == "after 12 steps, b ends close to the other: mean loss of the last 3 steps 1.01 vs 1.00 (a)"
+    assert two == "after 12 steps, b ends close to the other; mean loss of the last 3 steps: b 1.01, a 1.00"
     assert "c ends close to the rest" in loss_curves(runs, LOSS_WEIGHT).axes[0].get_title()
 
 

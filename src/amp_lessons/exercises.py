@@ -870,6 +870,11 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
     if not isinstance(prediction, dict):
         return Verdict(False, ["answer with a dict: {'sharded': ..., 'forward': ..., 'reduce_scatter': ..., "
                                "'gradient': ..., 'op': ...}"])
+    unknown = [k for k in prediction if k not in POLICY_STAGES and k != "op"]
+    if unknown:
+        passed = False
+        findings.append(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: the keys are "
+                        + ", ".join(map(repr, [*POLICY_STAGES, "op"])))
     for key, what in POLICY_STAGES.items():
         said, right = prediction.get(key), names[truth[key]]
         try:
@@ -890,8 +895,9 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
         findings.append(f"right: the reduce-scatter op is {op}")
     else:
         passed = False
-        findings.append(f"op: {'no answer yet' if op is None else f'not {op!r}'}; 'avg' or 'sum'? Compare "
-                        "the largest value of the reduce-scatter's dtype with this lesson's 40000 + 40000")
+        findings.append("op: no answer yet; 'avg' or 'sum'?" if op is None else
+                        f"op: not {op!r}; compare the largest value of the reduce-scatter's dtype with this "
+                        "lesson's 40000 + 40000")
     findings.append(f"(the run: MixedPrecisionPolicy{policy_label(record)})")
     return Verdict(passed, findings)
 

@@ -237,8 +237,8 @@ def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
         steps = max(len(h) for h in runs.values())
         close = "ends close to " + ("the other" if len(known) == 2 else "the rest")
         verb = "lags" if known[hi] > 1.2 * known[lo] else close
-        ax.set_title(f"after {steps} steps, {hi} {verb}: mean loss of the last {tail} steps "
-                     f"{known[hi]:.2f} vs {known[lo]:.2f} ({lo})", fontsize=10)
+        ax.set_title(f"after {steps} steps, {hi} {verb}; mean loss of the last {tail} steps: "
+                     f"{hi} {known[hi]:.2f}, {lo} {known[lo]:.2f}", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
