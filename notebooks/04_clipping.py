@@ -120,8 +120,7 @@ print(between("the applied norm is max_norm / scale, to float16 rounding",
 # Now the same training, from the same seed, with `clip_norm=1.0` and plain SGD:
 # float32 (the reference), float16 + GradScaler clipping after `unscale_`, and float16 +
 # GradScaler clipping before it (`clip_order="before_unscale"`: the `Trainer` runs it as
-# asked and warns with a `UserWarning` unless `teaching=True`, which these runs pass;
-# `_warn_teaching` in `amp_lessons/training.py`).
+# asked and warns with a `UserWarning` unless `teaching=True`, which these runs pass).
 # **Predict**: which of the two fp16 runs tracks float32?
 
 # %%
@@ -143,7 +142,8 @@ print(clipping_table(runs, MAX_NORM))
 # %% [markdown]
 # Columns: the loss scale; the median norm the clip saw; the threshold the clip really
 # applied to the true gradients (`max_norm` times true norm over the norm it saw, median
-# over steps); the share of steps it clipped; the median norm of the gradient the
+# over steps: for the wrong order `max_norm / scale` by arithmetic, since the norm it saw
+# is the true norm times the scale, which `unscale_` divides out exactly); the share of steps it clipped; the median norm of the gradient the
 # optimizer applied; and the mean loss of the last 10 steps. The figure shows them step
 # by step: the norm the clip saw (top), the applied gradient with each run's threshold
 # dashed (middle), and the loss (bottom). Its title compares the updates on the steps where
@@ -156,26 +156,20 @@ from amp_lessons.plots import clipping_runs
 clipping_runs(runs, MAX_NORM)
 
 # %% [markdown]
-# Three numbers to check against the figure. First, the wrong order's clip saw the true
-# norm times the scale, at every step:
+# Two checks against the figure. First, the norm of the gradient the optimizer applied,
+# measured at every step of the wrong order after the clip and `unscale_`, against
+# `max_norm / scale` at that step:
 
 # %%
 wrong, right, ref = runs["fp16, clip then unscale_"], runs["fp16, unscale_ then clip"], runs["fp32"]
-ratios = [r.clip_seen_norm / r.grad_norm for r in wrong]
-print(f"clip saw / true norm: min {min(ratios):g}, max {max(ratios):g}; scale {wrong[-1].scale:g}")
+ratios = [r.applied_norm / effective_threshold(MAX_NORM, r.scale, "before_unscale") for r in wrong]
+print(f"applied norm / (max_norm / scale), over {len(ratios)} steps: "
+      f"{measured(min(ratios), '.6f')} .. {measured(max(ratios), '.6f')}")
+print(at_most("every step of the wrong order applied max_norm / scale: |ratio - 1| at most 0.001",
+              max(abs(q - 1) for q in ratios), 1e-3, ".1e"))
 
 # %% [markdown]
-# Second, the threshold it applied, measured at each step, is `max_norm / scale`:
-
-# %%
-from amp_lessons.clipping import measured_thresholds
-
-thresholds = measured_thresholds(wrong, MAX_NORM)
-print(f"measured: {min(thresholds):.4g} .. {max(thresholds):.4g}")
-print(f"max_norm / scale: {MAX_NORM / wrong[-1].scale:.4g}")
-
-# %% [markdown]
-# Third, does the right order track float32, and does the wrong one barely move from
+# Second, does the right order track float32, and does the wrong one barely move from
 # where it started? "Tracks" is about the whole run, so the measure is the median of the
 # step-by-step gaps (a single step can jump where float16 rounding changes one batch's
 # outcome; the largest gap is printed too):
@@ -195,8 +189,9 @@ print(at_least("the wrong order barely moves: its last 10 steps keep at least 90
 # %% [markdown]
 # ## Does Adam hide it?
 #
-# Adam divides each update by a running average of the gradient's own size, so a
-# gradient shrunk by a constant factor gives almost the same step. **Predict**: with AdamW
+# Adam divides each update by a running average of the gradient's own size, so gradients
+# all shrunk by one constant factor give almost the same steps. The wrong clip is not quite
+# that: it rescales every step's gradient to the same norm, `max_norm / scale`. **Predict**: with AdamW
 # instead of SGD, does the wrong order still crawl?
 
 # %%
@@ -211,8 +206,10 @@ print(clipping_table(adam_runs, MAX_NORM))
 # %% [markdown]
 # Adam carries on training, although the `applied` column shows that every step still
 # clipped the gradient to `max_norm / scale`: it sees each step's direction, not its size.
-# The trap is hidden, not gone: the two runs do not end at the same loss, and Adam's `eps`
-# (1e-8, meant to be negligible) now sits next to gradient values this small:
+# The trap is hidden, not gone: the two runs do not end at the same loss. Every step's
+# gradient had the same norm, so Adam's running averages no longer tell a large gradient
+# from a small one; and Adam's `eps` (1e-8, meant to be negligible) now sits next to gradient
+# values this small:
 
 # %%
 n_params = sum(p.numel() for p in lesson_model().parameters())
@@ -310,13 +307,14 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 
 # %% [markdown]
 # Done right, accumulation gives the large batch's update up to rounding (within 1% with
-# SGD, within 3% with AdamW, as checked), with one optimizer step and one scaler update. That holds here because the micro-batches are the same size, the loss
-# is a mean over the samples, and the network has no BatchNorm (whose statistics would see
-# only a micro-batch). Stepping every micro-batch takes k steps on small batches instead
-# (and k scaler updates, so `growth_interval` counts k times too fast): with AdamW, each a
-# full Adam step. Not dividing by k makes the summed gradient k times too large: with SGD,
-# a learning rate k times larger than the one you set (while the clip does not cap it); with AdamW it nearly vanishes (only
-# the clip and `eps` see the size). A loop that still trains is not proof that it
+# SGD, within 3% with AdamW, as checked), with one optimizer step and one scaler update.
+# That holds here because the micro-batches are the same size, the loss is a mean over the
+# samples, and the network has no BatchNorm (whose statistics would see only a
+# micro-batch). Stepping every micro-batch takes k steps on small batches instead, and k
+# scaler updates, so `growth_interval` counts k times too fast; with AdamW each is a full
+# Adam step. Not dividing by k makes the summed gradient k times too large. With SGD that is
+# a learning rate k times the one you set, unless the clip caps it; with AdamW it nearly
+# vanishes, since only the clip and `eps` see the gradient's size. A loop that still trains is not proof that it
 # accumulates correctly: compare one update with a large batch, as above.
 #
 # ## What `clip_grad_norm_` returns on a skipped step
@@ -325,7 +323,8 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 # whose gradients hold an inf or a NaN, the step GradScaler is about to skip, that norm is
 # not finite either. **Predict** what a log of the mean gradient norm shows after one such
 # step. The `Trainer` records the clip's norm; here its step 3's loss is made inf (its
-# gradients come out NaN, where inf met a 0):
+# gradients come out NaN: in the cross-entropy's backward, -inf meets +inf at each sample's
+# target):
 
 # %%
 import math
@@ -365,8 +364,9 @@ with expect_error(RuntimeError):
 #
 # `check_clipping(scaler)` watches `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_`
 # (called through `torch.nn.utils`; a clip imported by name before it, or a library's own
-# clip method, is not seen) while it is active and warns (`ScaledClipWarning`) when either runs on gradients the scaler has not
-# unscaled yet. In your own loop:
+# clip method, is not seen) while it is active and warns (`ScaledClipWarning`) when either
+# runs on gradients the scaler has not unscaled yet; with several optimizers on one scaler,
+# it follows which optimizers' parameters `unscale_` has reached. In your own loop:
 #
 # ```python
 # from amp_lessons.clipping import check_clipping
@@ -418,7 +418,7 @@ print(found[0].message)
 # ## Exercise: fix the broken loop
 #
 # The loop below trains in float16 with gradient accumulation and clipping. It has three
-# bugs, and one line that looks wrong but is not. Read it:
+# bugs (one of them a bug off CUDA only), and one line that looks wrong but is not. Read it:
 
 # %%
 from amp_lessons.exercises import broken_clipping_loop, check_clipping_loop

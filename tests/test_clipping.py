@@ -413,6 +413,8 @@ def test_clipping_figure(data):
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
     assert fig._suptitle.get_text().startswith("wrong: updates")
     assert not math.isnan(fig.axes[1].get_lines()[0].get_ydata()[0])
+    thresholds = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert thresholds == ["1: fp32", f"{1 / 65536:.3g}: wrong"]  # each once, with the runs that apply it
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
@@ -441,3 +443,53 @@ def test_reading_a_history_wants_a_threshold_and_runs():
     with pytest.raises(ValueError, match="runs must map each run's name to the history of a clipped run"):
         clipping_table({}, 1.0)
     assert len(clipping_table({"fp32": h}, 1.0).splitlines()) == 2
+
+
+def test_check_clipping_follows_each_optimizer_of_one_scaler(data):
+    (x, y) = data.batch(0, 32)
+    a, b = lesson_model(), lesson_model()
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with check_clipping(scaler):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(a(x), y) + torch.nn.functional.cross_entropy(b(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt_a)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.nn.utils.clip_grad_norm_(a.parameters(), 1.0)  # a's gradients are unscaled: silent
+        with pytest.warns(ScaledClipWarning, match="max_norm=1"):
+            torch.nn.utils.clip_grad_norm_(b.parameters(), 1.0)  # b's are still scaled
+        scaler.unscale_(opt_b)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.nn.utils.clip_grad_norm_(b.parameters(), 1.0)
+        scaler.step(opt_a)
+        scaler.step(opt_b)
+        scaler.update()
+
+
+def fixed_but_no_device(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler()  # 'cuda': disabled on the CPU
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_checker_does_not_blame_the_weights_on_a_disabled_scaler():
+    v = check_clipping_loop(fixed_but_no_device, backward_in_autocast_is_a_bug=False)
+    (only,) = bugs(v)
+    assert "built without a device" in only
+    assert "fixed: the weights end where the reference loop's do" in v.findings
+    broken = "\n".join(bugs(check_clipping_loop(broken_clipping_loop, backward_in_autocast_is_a_bug=False)))
+    assert "disabled GradScaler" not in broken and "a scaler which is on multiplies" in broken

@@ -363,10 +363,13 @@ class ScaledClipWarning(UserWarning):
 
 class _Tracker:
     """Follows one GradScaler through a step: 'clean' -> 'scaled' (scale) -> 'unscaled'
-    (unscale_ or step) -> 'clean' (update), by wrapping the instance's methods."""
+    (unscale_ or step) -> 'clean' (update), by wrapping the instance's methods. With several
+    optimizers on one scaler (lesson 06), ``unscaled`` holds the ids of the parameters whose
+    optimizer was unscaled since the last update: the others' gradients are still scaled."""
 
     def __init__(self, scaler, log):
         self.scaler, self.log, self.state = scaler, log, "clean"
+        self.unscaled: set[int] = set()
         self._wrapped = []
         for name in ("scale", "unscale_", "step", "update"):
             self._wrap(name)
@@ -380,10 +383,14 @@ class _Tracker:
             out = real(*args, **kwargs)
             if name == "scale":
                 self.state = "scaled" if self.state != "unscaled" else "mixed"
-            elif name in ("unscale_", "step") and self.state in ("scaled", "mixed"):
-                self.state = "unscaled"
+            elif name in ("unscale_", "step"):
+                optimizer = args[0] if args else kwargs.get("optimizer")
+                self.unscaled.update(id(p) for group in getattr(optimizer, "param_groups", ())
+                                     for p in group["params"])
+                if self.state in ("scaled", "mixed"):
+                    self.state = "unscaled"
             elif name == "update":
-                self.state = "clean"
+                self.state, self.unscaled = "clean", set()
             return out
 
         setattr(self.scaler, name, wrapper)
@@ -398,6 +405,13 @@ class _Tracker:
     @property
     def scale(self) -> float:
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+
+    def still_scaled(self, parameters) -> bool:
+        """Whether a clip of ``parameters`` now sees gradients this scaler has not unscaled."""
+        if self.state in ("scaled", "mixed"):
+            return True
+        return self.state == "unscaled" and any(p.grad is not None and id(p) not in self.unscaled
+                                                 for p in parameters)
 
 
 @dataclass
@@ -438,11 +452,12 @@ def _clip_wrappers(log, trackers, on_scaled=None):
     utils = torch.nn.utils
     real_norm, real_value = utils.clip_grad_norm_, utils.clip_grad_value_
 
-    def scaled_tracker():
-        return next((t for t in trackers if t.state in ("scaled", "mixed")), None)
+    def scaled_tracker(parameters):
+        return next((t for t in trackers if t.still_scaled(parameters)), None)
 
     def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
-        tracker = scaled_tracker()
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        tracker = scaled_tracker(parameters)
         seen = real_norm(parameters, max_norm, *args, **kwargs)
         log.add("clip_grad_norm_", scaled=tracker is not None, seen=float(seen), threshold=max_norm)
         if tracker is not None and on_scaled is not None:
@@ -450,10 +465,8 @@ def _clip_wrappers(log, trackers, on_scaled=None):
         return seen
 
     def clip_grad_value_(parameters, clip_value, *args, **kwargs):
-        tracker = scaled_tracker()
-        if isinstance(parameters, torch.Tensor):
-            parameters = [parameters]
-        parameters = list(parameters)
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        tracker = scaled_tracker(parameters)
         seen = grad_max(parameters) if any(p.grad is not None for p in parameters) else 0.0
         out = real_value(parameters, clip_value, *args, **kwargs)
         log.add("clip_grad_value_", scaled=tracker is not None, seen=seen, threshold=clip_value)

@@ -305,7 +305,7 @@ def clipping_runs(runs: dict, max_norm: float):
     norm of the (unscaled) gradient the optimizer applied, with each run's effective
     threshold (``max_norm`` over the scale when the clip ran before ``unscale_``) dashed.
     Bottom: the loss. One column at 9 inches, legends inside the panels in 9 pt (the runs
-    named at the top; the middle legend gives each threshold value once, in the colour of its first run), so the
+    named at the top; the middle legend gives each threshold once, in grey, with the runs that share it), so the
     plots take the figure's width. The title compares the run with the smallest updates to
     the reference on the steps where the reference clipped too (float-kernel figures,
     marked ``≈``).
@@ -314,7 +314,7 @@ def clipping_runs(runs: dict, max_norm: float):
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 8.6), layout="constrained")
     colors = ["#4c78a8", "#54a24b", "#e45756", "#b279a2", "#f58518"]
-    named = set()  # thresholds already in the middle legend: each value once
+    shared: dict[str, list[str]] = {}  # each threshold, once, with the runs that apply it
     for i, ((label, h), color) in enumerate(zip(runs.items(), colors)):
         steps = h["step"]
         # the reference wide and pale underneath, so a run that tracks it stays visible on top
@@ -322,10 +322,10 @@ def clipping_runs(runs: dict, max_norm: float):
         axes[0].plot(steps, h["clip_seen_norm"], label=label, **style)
         axes[1].plot(steps, h["applied_norm"], label="_" + label, **style)  # named in the top legend
         threshold = statistics.median(measured_thresholds(h, max_norm))
-        name = f"{threshold:.3g}"
-        axes[1].axhline(threshold, color=color, ls="--", lw=1, label="_" + name if name in named else name)
-        named.add(name)
+        shared.setdefault(f"{threshold:.3g}", []).append(label)
         axes[2].plot(steps, h["loss"], label="_" + label, **style)
+    for name, users in shared.items():
+        axes[1].axhline(float(name), color="#555555", ls="--", lw=1, label=f"{name}: {', '.join(users)}")
     axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
     axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip\ncompared (log axis)",
                 title="what clip_grad_norm_ saw")
@@ -335,7 +335,7 @@ def clipping_runs(runs: dict, max_norm: float):
     axes[2].set(xlabel="optimizer step", ylabel="training loss\n(cross-entropy, nats)",
                 title="loss")
     axes[0].legend(fontsize=9, frameon=False, loc="best")  # the runs and max_norm
-    axes[1].legend(fontsize=9, frameon=False, loc="best", title="dashed: each run's threshold",
+    axes[1].legend(fontsize=9, frameon=False, loc="best", title="dashed: the threshold each run applied",
                    title_fontsize=9)
     for ax in axes:
         ax.spines[["top", "right"]].set_visible(False)
@@ -348,8 +348,8 @@ def clipping_runs(runs: dict, max_norm: float):
              / statistics.median(runs[worst]["applied_norm"][i] for i in both))
     tail = max(1, len(ref) // 10)
     fig.suptitle(f"{worst}: updates {measured(ratio, ',.0f')}x smaller than {labels[0]}'s\non the "
-                 f"{measured(len(both), 'd')} of {len(ref)} steps {labels[0]} clipped too; loss after "
-                 f"{len(ref)} steps {measured(statistics.fmean(runs[worst]['loss'][-tail:]), '.2f')} vs "
+                 f"{measured(len(both), 'd')} of {len(ref)} steps {labels[0]} clipped too; mean loss of the last "
+                 f"{tail} steps {measured(statistics.fmean(runs[worst]['loss'][-tail:]), '.2f')} vs "
                  f"{measured(statistics.fmean(ref['loss'][-tail:]), '.2f')}", fontsize=11)
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
     return fig
