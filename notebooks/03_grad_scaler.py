@@ -110,14 +110,11 @@ fp16 = first_step_gradients("fp16", scaler=False, device=device)
 print(flush_report(fp32, fp16, "fp16"))
 
 # %% [markdown]
-# Some gradients are zero in fp32 too (the first share above): weights that read a pixel
-# blank in the whole batch, and wherever a ReLU was off (lesson 01 counted both). Everything
-# fp16 adds to that is lost to its range. Why? Compare the sizes. (The share of fp32's values
-# at or below 2^-25, next, need not equal the share fp16 flushed: the first compares fp32's
-# values with fp16's range, the second counts what fp16's own backward produced, in which
-# every gradient passed from layer to layer was rounded to fp16 too.)
-# (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's smallest subnormal,
-# rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
+# Some gradients are zero in fp32 too (the first share above): the weights that read a pixel
+# blank in the whole batch (lesson 01 counted them), and those of a unit whose ReLU was off
+# for every example of the batch. Everything fp16 adds to that is lost to its range. Why?
+# Compare the sizes. (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's
+# smallest subnormal, rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
 # %%
 from amp_lessons.claims import at_least, at_most, measured
@@ -130,6 +127,10 @@ print(f"fp32 gradients at or below 2^-25 (fp16 rounds them to 0): "
       f"{measured((nonzero <= 2.0**-25).float().mean().item(), '.1%')}")
 
 # %% [markdown]
+# That last share need not equal the share fp16 flushed: it compares fp32's values with
+# fp16's range, while the flush report counts what fp16's own backward produced, in which
+# every gradient passed from layer to layer was rounded to fp16 too.
+#
 # bfloat16 has float32's exponent range (its smallest normal is float32's), and a loss
 # scale moves fp16's gradients up into its range. **Predict** both reports:
 
@@ -332,8 +333,9 @@ print(at_least("the largest gradient times 65536 is above fp16's largest value",
 # gradients fit: a skipped first step or two is normal and costs nothing but the step. (Later,
 # as the gradients change, a step can overflow again; the scale halves once more. The
 # explorer below shows it.)
-# A scale that keeps halving is not: the loss itself is inf/NaN at any scale. Here every
-# step's loss is made inf: **predict** how the `Trainer` ends this run.
+# A scale that keeps halving, step after step, is not normal: most likely the loss or its
+# gradients are inf/NaN at any scale. Here every step's loss is made inf: **predict** how the
+# `Trainer` ends this run.
 
 # %%
 from amp_lessons.show import expect_error
@@ -365,7 +367,7 @@ from amp_lessons.scaling import SCHEDULER_WARNING, scheduler_warnings
 
 
 def print_schedule(name, n_warnings, trainer):
-    print(f"{name:<44} {n_warnings} warning{'s' * (n_warnings != 1)}; scheduler {trainer.scheduler.last_epoch} steps, "
+    print(f"{name + ":":<46} {n_warnings} warning{'s' * (n_warnings != 1)}; scheduler {trainer.scheduler.last_epoch} steps, "
           f"AdamW {optimizer_steps(trainer.optimizer)}, in {len(trainer.history)} iterations")
 
 
@@ -384,7 +386,8 @@ print(textwrap.fill("the warning: " + first[0], 90))
 
 # %% [markdown]
 # One warning, in the first run only: PyTorch checks the order once, at the scheduler's
-# first step, when `optimizer.step()` has not run yet. A step skipped later moves the
+# first step, when `optimizer.step()` has not run yet (a `fused=True` optimizer's `step()`
+# runs even on a skipped step, so it never warns). A step skipped later moves the
 # schedule on with no warning at all, and each skipped step moves the warm-up or the decay
 # on for an update that never happened. Step the scheduler only after a step that was not
 # skipped (the signs above tell which), as the `Trainer` does.
@@ -462,15 +465,18 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 # - A skipped step leaves the weights and the optimizer's step count as they were: the
 #   scale dropping is how you see it.
 # - bf16 has float32's range: for this network's gradients no flushed values and no
-#   scaler. It too flushes below its own smallest subnormal (≈9e-41, printed above).
+#   scaler. It too rounds to 0 at or below half its own smallest subnormal (≈9e-41, printed
+#   above).
 #
 # ## Watch out
 #
 # - The first steps of a run can be skipped while the scale falls from 65536: normal.
-#   A scale that keeps falling means inf/NaN at any scale: look at the data and the lr.
+#   A scale that keeps falling most likely means inf/NaN at any scale: look at the data and
+#   the lr.
 # - Step the lr scheduler only when the step was not skipped. PyTorch warns ("Detected
 #   call of `lr_scheduler.step()` before `optimizer.step()`") only when the very first
-#   step is skipped; every later skip moves the schedule ahead of the training silently.
+#   step is skipped (and not at all for a `fused=True` optimizer, whose `step()` always
+#   runs); every later skip moves the schedule ahead of the training silently.
 # - Save and load `scaler.state_dict()` with your checkpoints.
 # - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
 #   warns and disables itself. Pass the device: `torch.amp.GradScaler(device.type)`.
@@ -493,7 +499,7 @@ print(inspect.getsource(amp_step_as_given))
 # make it return `True` exactly when GradScaler skipped the step and step the scheduler
 # only otherwise. The checker runs your step on seven batches: two hold an inf, and before a
 # third the scale is set far too high (2^40), so that its loss is finite while its scaled
-# gradients overflow. It checks what your step returns, the weights, AdamW's and the
+# gradients overflow. Its GradScaler grows the scale after every 2 clean steps. It checks what your step returns, the weights, AdamW's and the
 # scheduler's step counts and the warning. As given, it checks the step above:
 
 # %%

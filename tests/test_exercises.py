@@ -49,6 +49,27 @@ def test_the_scale_check_passes():
     assert "scale the loss" not in text and "skipped steps [0, 3, 5]" in text and "applied the other 4" in text
 
 
+def _skip_when_the_scale_changed(model, opt, scaler, scheduler, x, y):
+    """Reads any change of the scale as a skip: a growth looks like one too."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler.get_scale() != scale
+    if not skipped:
+        scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return skipped
+
+
+def test_a_changed_scale_is_not_a_skip():
+    verdict = check_amp_step(_skip_when_the_scale_changed, "cpu")
+    assert not verdict.passed
+    assert "but the skipped steps were [0, 3, 5]" in str(verdict)
+
+
 def test_checking_the_loss_misses_the_overflow_with_a_finite_loss():
     verdict = check_amp_step(_skip_by_loss, "cpu")
     assert not verdict.passed

@@ -208,7 +208,8 @@ def amp_step_as_given(model, opt, scaler, scheduler, x, y) -> bool:
 
 def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,), steps: int = 7) -> Verdict:
     """03: run the learner's ``step(model, opt, scaler, scheduler, x, y) -> skipped`` for
-    ``steps`` batches of the digits, with AdamW, ``GradScaler(device)`` and ``StepLR``: an inf
+    ``steps`` batches of the digits, with AdamW, ``GradScaler(device, growth_interval=2)`` (so
+    the scale grows within the run as well as halving) and ``StepLR``: an inf
     planted in the batches ``bad_batches`` (a corrupt example), and before each of
     ``overflow_batches`` the scale set to 2^40 (as after too much growth), so that its loss
     is finite but its scaled gradients overflow float16; the scale is put back after it.
@@ -223,7 +224,7 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
     dev = pick_device(device)
     model = scaling_lesson_model().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler(dev.type)
+    scaler = torch.amp.GradScaler(dev.type, growth_interval=2)  # it grows too: a changed scale is not a skip
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     returned, skipped, unchanged, warned = [], [], [], []
     for i in range(steps):

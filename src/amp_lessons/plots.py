@@ -265,7 +265,7 @@ def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=
     else:
         fig = ax.figure
     ax.step([*steps, steps[-1] + 1], [*scales, end], where="post", color="#4c78a8", lw=1.6,
-            label="scale used by the step")
+            label="scale used by the step\n(past the last: the scale now)")
     skipped = [r for r in history if r.skipped]
     if skipped:
         ax.plot([r.step for r in skipped], [r.scale for r in skipped], "x", color="#e45756", ms=9,
@@ -282,7 +282,7 @@ def scale_plot(history, final_scale=None, growth_interval=None, injected=(), ax=
     ax.yaxis.set_major_locator(FixedLocator([2.0**k for k in range(low, high + 1, every)]))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"2^{math.log2(v):g}"))
-    ax.set(xlabel="optimizer step", ylabel="loss scale (log2 axis)")
+    ax.set(xlabel="training step (skipped ones included)", ylabel="loss scale (log2 axis)")
     ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)
     grew = sum(kind == "grew" for _, kind, _, _ in scale_changes(history, end))
     interval = f" (every {growth_interval} clean steps)" if growth_interval else ""

@@ -632,9 +632,9 @@ class Trainer:
             raise ScaleCollapseError(
                 f"the loss scale fell to {self.current_scale():.3g} (below the floor {self.min_scale:.3g}) "
                 f"at step {record.step} after {self.history.trailing_skips()} skipped steps in a row: the "
-                "loss or gradients stay inf/NaN at any scale, so no scaler can save this run. The "
-                "parameters are unchanged by the skipped steps. Check the data for inf/NaN and "
-                "lower the learning rate.")
+                "loss or its gradients are most likely inf/NaN at any scale. The parameters are "
+                "unchanged by the skipped steps. Check the data for inf/NaN and lower the learning "
+                f"rate; if the scale was still falling into range, lower min_scale ({self.min_scale:g}).")
 
     # -- runs, evaluation, checkpoints -------------------------------------------------------
 
