@@ -367,7 +367,7 @@ from amp_lessons.scaling import SCHEDULER_WARNING, scheduler_warnings
 
 
 def print_schedule(name, n_warnings, trainer):
-    print(f"{name + ":":<46} {n_warnings} warning{'s' * (n_warnings != 1)}; scheduler {trainer.scheduler.last_epoch} steps, "
+    print(f"{name + ':':<46} {n_warnings} warning{'s' * (n_warnings != 1)}; scheduler {trainer.scheduler.last_epoch} steps, "
           f"AdamW {optimizer_steps(trainer.optimizer)}, in {len(trainer.history)} iterations")
 
 
