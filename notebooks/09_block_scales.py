@@ -35,7 +35,8 @@
 # - your network's tensors under seven schemes, and an outlier feature under each;
 # - the block-scaled matmul against dequantize-then-matmul;
 # - delayed scaling against current scaling on a spike;
-# - MXFP8 and NVFP4 linear layers trained against bf16, and what stochastic rounding keeps.
+# - MXFP8 and NVFP4 linear layers trained against bf16 (fp16 on a GPU without bf16), and what
+#   stochastic rounding keeps.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -144,7 +145,7 @@ print("torch's float8_e8m0fnu reads the same:",
 # of it, and which power matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
 # (2 is the exponent of e2m1's largest value, 8 for e4m3's 448): amax lands between 4 and 8,
 # and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two
-# that saturates nothing. **Predict** what each does to this block of e2m1 values:
+# that saturates nothing. **Predict** what each does to this block of values:
 
 # %%
 from amp_lessons.blockscale import quantize, with_scales
@@ -273,8 +274,9 @@ print(check("with rceil scales MXFP8 saturates nothing and beats both its OCP-ru
 
 # %% [markdown]
 # NVFP4 differs from MXFP4 in two ways: half the block size, and a scale with a mantissa. How
-# much of MXFP4's loss is the power-of-two scale alone? The same 1x32 e2m1 blocks with exact
-# float32 scales, and the ratio of each e8m0 scale to the exact one:
+# much of MXFP4's loss is the power-of-two scale alone? The same 1x32 e2m1 blocks with
+# float32 scales `amax / 6` ("exact": the scale itself unrounded, though not always the best
+# scale for a block), and the ratio of each e8m0 scale to the exact one:
 
 # %%
 import math
@@ -284,7 +286,7 @@ from amp_lessons.blockscale import scale_ratios
 exact_scales = with_scales("MXFP4", "fp32")
 cost = {kind: error(ts, exact_scales).sqnr - table[kind]["MXFP4"].sqnr for kind, ts in groups.items()}
 print("dB lost to e8m0 against exact scales:", {k: measured(v, ".2f") for k, v in cost.items()})
-print(check("a power-of-two scale costs MXFP4 between 0 and 6.02 dB (one factor of 2) on every kind",
+print(check("on this network, a power-of-two scale costs MXFP4 between 0 and 6.02 dB on every kind",
             all(0 <= v <= 6.02 for v in cost.values()),
             f"{measured(min(cost.values()), '.2f')} to {measured(max(cost.values()), '.2f')} dB"))
 for element in ("e2m1", "e4m3"):
@@ -342,7 +344,10 @@ for what, mask in (("flushed", lost), ("saturated", over)):
 
 # %% [markdown]
 # Only the blocks that hold the outlier lose their small values: for MXFP8, one block of
-# 32 in 8 along each row (the counts above). No per-row scale can do that. MXFP8's
+# 32 in 8 along each row (the counts above). No per-row scale can do that; per row still
+# flushes far fewer than per tensor here only because this outlier is each row's own value
+# times 2^12, so its size varies from row to row (by up to 2^8 x 1.875) and a per-row scale
+# follows it. MXFP8's
 # saturated values lie in the other blocks, where the OCP rule's scale puts the block's top
 # above 448; rceil saturates none and flushes a few more, its scale being up to 2x larger.
 # DeepSeek-V3's report gives outliers as the reason for its 1x128 activation tiles.
@@ -366,8 +371,9 @@ print("block_mm equals dequantize-then-matmul bit for bit:", torch.equal(block_m
 
 # %% [markdown]
 # On the network's real operands, the sums happen in another order and float32 rounds each
-# one differently, so the two differ in the last bits, within the standard bound for two
-# sums of K products (`accumulation_bound`):
+# one differently, so the two differ in the last bits, within twice the standard bound for
+# a float32 sum of K products, `K u sum |a||b|` with u = 2^-24 (Higham, below; the package's
+# `accumulation_bound` counts 4 more roundings for the scales' products):
 
 # %%
 o = operands[1]
@@ -560,8 +566,9 @@ else:
     w = operands[1].weight
     try:
         mx = MXTensor.to_mx(w, torch.float8_e4m3fn, 32)
-        gap = (mx.to_dtype(torch.float32) - quantize(w, "MXFP8").dequantize()).abs().max().item()
-        print(f"torchao's MXFP8 of a weight against this lesson's: largest difference {gap:g}")
+        gap = (mx.dequantize(torch.float32) - quantize(w, "MXFP8").dequantize()).abs().max().item()
+        print(f"torchao's MXFP8 of a weight (its default rule, the OCP floor) against this lesson's: "
+              f"largest difference {gap:g}")
     except Exception as err:  # the prototype API moves between releases
         print(f"torchao's MXTensor.to_mx did not run here: {type(err).__name__}: {err}")
 
@@ -572,9 +579,9 @@ else:
 #   the first in the low nibble). e8m0 is a bare power of two, 2^-127 to 2^127, 255 = NaN.
 # - With e4m3 elements a finer scale changes little for values in the normal range; it
 #   rescues the small values an outlier would push out (a 32-value block confines an outlier
-#   feature; per-row scales cannot). With e2m1 elements the scale matters more: on this
-#   network's tensors NVFP4's 16-value blocks and e4m3 scales beat MXFP4's 32 and powers of
-#   two, and e8m0 alone cost MXFP4 less than a bit's 6 dB. The element still sets the level:
+#   feature; per-row scales cannot). With e2m1 elements, on this network's tensors,
+#   NVFP4's 16-value blocks and e4m3 scales beat MXFP4's 32 and powers of two, and e8m0
+#   alone cost MXFP4 less than a bit's 6 dB. The element still sets the level:
 #   here every e4m3 scheme beats every e2m1 one by more than 6 dB (the verdicts above).
 # - Emulated in float32, a block-scaled matmul is dequantize-then-matmul, up to accumulation
 #   order. A real kernel may accumulate with less: DeepSeek-V3 (section 3.3) measured about
@@ -585,7 +592,8 @@ else:
 # ## Watch out
 #
 # - The OCP rule can saturate the top of a block (a scale up to 1.33x too small for e2m1,
-#   1.14x for e4m3); rceil does not. Know which one your kernel's quantizer uses.
+#   1.14x for e4m3); rceil does not. Know which one your kernel's quantizer uses (torchao
+#   0.18's `MXTensor.to_mx` defaults to the floor rule, `ScaleCalculationMode.FLOOR`).
 # - `margin` buys headroom for spikes with range at the bottom, on every step.
 # - Round-to-nearest in 4 bits drops a block's small gradient values every step (the block
 #   above). NVIDIA's NVFP4 recipe rounds gradients stochastically; on this small network it
@@ -630,8 +638,9 @@ check_e8m0_code(my_e8m0_code)
 # - NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference" (blog,
 #   2025); "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149).
 # - cuBLAS documentation, "1D block quantization": the 128 x 4 tile layout of block scales
-#   (`to_blocked`) and the rceil rule (torchao's `ScaleCalculationMode.RCEIL`; `FLOOR` is
-#   the OCP rule).
+#   (`to_blocked`) and the rceil rule (torchao's `ScaleCalculationMode.RCEIL`; `FLOOR`, the
+#   default of `torchao/prototype/mx_formats/mx_tensor.py`'s `to_mx` in torchao 0.18, is the
+#   OCP rule).
 # - Transformer Engine, Common API: `DelayedScaling(margin=0, amax_history_len=1024,
 #   amax_compute_algo="max")`, the scale `fmt.max / amax / 2^margin`
 #   (`nvte_delayed_scaling_recipe_amax_and_scale_update`; in PyTorch,
@@ -642,3 +651,6 @@ check_e8m0_code(my_e8m0_code)
 # - Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale"
 #   (arXiv 2208.07339).
 # - DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 3.3.
+# - The error bound of a float sum of K products, `γ_K |a|·|b|` with `γ_K = Ku / (1 - Ku)`:
+#   N. J. Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed. (SIAM, 2002),
+#   section 3.1.

@@ -17,6 +17,8 @@ def test_scheme_bars():
     ax = fig.axes[0]
     assert "dB" in ax.get_ylabel() and len(ax.patches) == 2 * 7
     assert "e4m3 elements keep" in fig._suptitle.get_text()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "MXFP8 (OCP floor rule)" in labels and "NVFP4" in labels  # e8m0 scales name their rule
 
 
 def test_delayed_scaling_plot_marks_saturation():

@@ -351,5 +351,8 @@ def test_cpu_refusal_names_a_missing_function(monkeypatch):
     assert "has no torch.nn.functional.scaled_mm" in bs.cpu_block_refusal()
 
 
-def test_hardware_table_is_a_lookup_of_three_rows():
-    assert len(bs.hardware_table().splitlines()) == 3
+def test_hardware_table_names_every_device_class_and_wraps():
+    lines = bs.hardware_table().splitlines()
+    starts = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    assert starts == [device.split(":")[0] for device, _ in bs.HARDWARE] and len(starts) == 5
+    assert max(len(line) for line in lines) <= 92

@@ -14,6 +14,14 @@ _SCHEME_COLORS = {"per tensor": "#bab0ac", "per row": "#9d755d", "1x128": "#4c78
                   "MXFP8": "#54a24b", "MXFP4": "#f58518", "NVFP4": "#e45756"}
 
 
+def _scheme_label(name: str) -> str:
+    """``"MXFP8 (OCP floor rule)"``: a scheme with e8m0 scales names the rule that picks them."""
+    scheme = get_scheme(name)
+    if scheme.scale_format != "e8m0":
+        return name
+    return f"{name} ({'OCP floor' if scheme.rule == 'floor' else scheme.rule} rule)"
+
+
 def scheme_bars(table: dict):
     """09: SQNR (dB) of every scheme (a bar each) for every tensor kind (a group each), from
     :func:`amp_lessons.blockscale.error_table`. Higher is better; 6 dB is one bit."""
@@ -24,7 +32,7 @@ def scheme_bars(table: dict):
     for i, s in enumerate(schemes):
         xs = [k + (i - (len(schemes) - 1) / 2) * width for k in range(len(kinds))]
         ys = [table[kind][s].sqnr for kind in kinds]
-        ax.bar(xs, ys, width=width, color=_SCHEME_COLORS.get(s, "grey"), label=s)
+        ax.bar(xs, ys, width=width, color=_SCHEME_COLORS.get(s, "grey"), label=_scheme_label(s))
     ax.set_xticks(range(len(kinds)), kinds)
     ax.set(ylabel="signal / quantization noise (dB, higher is better)")
     ax.legend(frameon=False, ncol=len(schemes), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1))
@@ -34,7 +42,7 @@ def scheme_bars(table: dict):
         return sum(ys) / len(ys) if ys else math.nan
 
     fig.suptitle(f"e4m3 elements keep {mean('e4m3'):.0f} dB on average here, e2m1 {mean('e2m1'):.0f} dB: "
-                 "the element sets the level, the scale's granularity moves it", fontsize=10)
+                 "the element sets the level; the scales' blocks and rule move it within that", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     plt.close(fig)

@@ -554,24 +554,27 @@ def cpu_block_refusal() -> str | None:
 # -- which hardware runs what (a lookup) ---------------------------------------------------------------
 
 HARDWARE = (
-    ("a CPU", "no block scales: torch's CPU _scaled_mm (aten/src/ATen/native/Blas.cpp, "
-     "_scaled_mm_out_cpu) takes fp8 scales per tensor (and per row from torch 2.13); with oneDNN built in and "
-     "enabled, on x86, two operands of one fp8 dtype go to oneDNN (mkldnn_scaled_mm) on a CPU with "
-     "AMX-INT8, two of mixed dtypes on one with AMX-FP16 (in some releases only with per-tensor "
-     "scales), and all others dequantize to float32 and "
-     "multiply; every block scheme here is emulated"),
-    ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; 1x128 and "
-     "128x128 float32 block scales through cuBLAS: torch 2.13's scaled_mm takes them only on "
-     "compute capability 9.x with cuBLASLt 12.9+ (ScaledBlas.cpp's _check_deepseek_support, "
-     "NotImplementedError otherwise); DeepSeek-V3 ran those scales in its own kernels on H800s, "
-     "applying them while accumulating"),
+    ("a CPU", "no block scales: torch's CPU _scaled_mm (aten/src/ATen/native/Blas.cpp, _scaled_mm_out_cpu) "
+     "takes fp8 scales per tensor (and per row from torch 2.13). With oneDNN on x86, two operands of one fp8 "
+     "dtype go to oneDNN on a CPU with AMX-INT8, two of mixed dtypes on one with AMX-FP16 (in some releases "
+     "only with per-tensor scales); all others dequantize to float32. Every block scheme here is emulated"),
+    ("Turing, Ampere (T4, A100: sm_75, sm_80)", "no fp8 tensor cores: torch's CUDA _scaled_mm refuses "
+     "compute capability below 8.9 (lesson 08), so every scheme here is emulated"),
+    ("Ada (L4: sm_89)", "fp8 tensor cores, scales per tensor or per row; no block scales in torch's "
+     "scaled_mm (_check_deepseek_support wants compute capability 9.x)"),
+    ("Hopper (H100, H800: sm_90)", "fp8 tensor cores, scales per tensor or per row; 1x128 and 128x128 "
+     "float32 block scales through cuBLAS: torch 2.13's scaled_mm takes them only on compute capability 9.x "
+     "with cuBLASLt 12.9+ (ScaledBlas.cpp's _check_deepseek_support, NotImplementedError otherwise); "
+     "DeepSeek-V3 ran those scales in its own kernels on H800s, applying them while accumulating"),
     ("Blackwell (B200: sm_100)", "MXFP8, MXFP4 and NVFP4 natively: the tensor cores read the block "
      "scales (e8m0, or e4m3 for NVFP4) themselves"),
 )
 
 
-def hardware_table() -> str:
+def hardware_table(width: int = 92) -> str:
     """Which devices run which scaling natively: a lookup from the sources the lesson names,
-    not a measurement."""
-    width = max(len(d) for d, _ in HARDWARE)
-    return "\n".join(f"{d:<{width}}  {what}" for d, what in HARDWARE)
+    not a measurement. Each row wrapped to ``width`` characters, under its device."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(what, width, initial_indent=f"{device}: ", subsequent_indent="    ")
+                     for device, what in HARDWARE)
