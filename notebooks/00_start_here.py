@@ -50,7 +50,7 @@
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
-# > memory. *(02, 05)*
+# > memory. *(the tensor cores: NVIDIA's A100 datasheet, Sources; 05 measures the memory)*
 # >
 # > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
 # > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
@@ -72,16 +72,11 @@
 # > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
 # >
 # > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
-# > on NVIDIA GPUs, a near-free speedup for code you do not convert. *(PyTorch's CUDA notes;
-# > below, what it does on a CPU)*
+# > on Ampere-or-newer NVIDIA GPUs, a near-free speedup for code you do not convert.
+# > *(PyTorch's CUDA notes; below, what it does on a CPU)*
 # >
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
-#
-# Some sentences turn out to hold only on some devices: under CUDA's autocast softmax,
-# log_softmax, layer_norm and sum run in float32, under a CPU's they run in the dtype they
-# are given (bf16 after a 16-bit matmul), and only the losses and a few ops such as `prod`
-# are kept in float32. Lesson 02 traces both.
 #
 # Every lesson opens with the same setup cell. On Colab it installs the course package;
 # elsewhere `make lab` already did.
@@ -120,58 +115,70 @@ import amp_lessons
 amp_lessons.seed_everything(0)
 
 # %% [markdown]
+# Some of the card's sentences hold only on some devices. "Softmax, losses, reductions are
+# kept in float32", for one: the cell below traces a few ops on a bf16 tensor under
+# autocast, on the CPU and in lesson 02's simulation of CUDA's autocast (`op->dtype`, each
+# op in the order it ran).
+
+# %%
+from amp_lessons.trace import probe_table
+
+print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "mse_loss(x, x)"], torch.bfloat16,
+                  ["cpu", "cuda (simulated)"]))
+
+# %% [markdown]
+# Under CUDA's autocast softmax, layer_norm and sum come out float32 but `mean` does not;
+# under a CPU's all four keep the bf16 they were given, and the loss alone is float32. In
+# torch 2.13 the CPU's float32 list holds, besides the losses, linear algebra (`linalg.inv`,
+# `svd`, `qr`), FFTs, 3-D pooling and `prod` (`autocast_mode.cpp`, Sources). Lesson 02
+# traces both lists.
+
+# %% [markdown]
 # ## This machine
 #
-# The report below is what the package found here. Its output is not compared by the
-# tests (it differs from machine to machine), nor are the recommendation's two cells below;
-# the rest is, except the `≈` digits (see "Reading the outputs").
+# The report below is what the package found here, its recommendation last. Its output
+# is not compared by the tests (it differs from machine to machine), nor is the AMX-FP16
+# line further down; the rest is, except the digits of figures marked `≈`, which were
+# measured here and differ from machine to machine (see "Reading the outputs").
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 from amp_lessons.hardware import resolve_machine
 
 machine = resolve_machine()  # this device, once: what it runs, and what it measures (below)
-device, speedups = machine.device, machine.speedups  # one small matmul per precision
+device, speedups = machine.device, machine.speedups  # one matmul per precision
 report = machine.report()
-print(report.table())
+print(report.table(width=100))
 
 # %% [markdown]
 # Three facts decide which precision to train in:
 #
 # - **the device**: a GPU with tensor cores runs 16-bit matmuls many times faster than
-#   float32; a CPU does so only with fast 16-bit kernels. On x86 the 16-bit instructions
-#   are AMX tiles or AVX512-BF16 for bf16 (AVX512-FP16, AMX-FP16 for fp16); torch's oneDNN
-#   matmul also takes its 16-bit paths on other instruction sets (AVX-NE-CONVERT, or
-#   AVX512BW/VL/DQ for bf16) and on Arm CPUs such as AWS Graviton3, with no promise of speed
-#   (Sources). The report's "bfloat16" line checks only AVX512-BF16 or AMX-BF16, so an Arm
-#   CPU reads "emulated" there whatever it has: one reason the recommendation rests on a
-#   measured matmul, not on a list.
+#   float32 (16x on an A100's datasheet); a CPU does so only with fast 16-bit kernels.
+#   torch's oneDNN matmul takes its bf16 path on x86 CPUs with AVX512BW, VL and DQ or
+#   AVX-NE-CONVERT, and on Arm CPUs with bf16 instructions; its fp16 path on x86 only, with
+#   AVX512-FP16 or AVX-NE-CONVERT. Those are the conditions for the path, not a promise of
+#   speed (Sources). The report reads only x86's AVX512-BF16 and AMX flags (none off x86),
+#   so the recommendation rests on a measured matmul, not on a list.
 # - **native or emulated bfloat16 on a GPU**: a T4 (compute capability 7.5) *reports* bf16
 #   support through `torch.cuda.is_bf16_supported()`, but only by emulation: its tensor
-#   cores run fp16, and bf16 ones start with Ampere.
-#   `is_bf16_supported(including_emulation=False)` tells the truth.
+#   cores run fp16, and bf16 ones start with Ampere. On NVIDIA GPUs
+#   `is_bf16_supported(including_emulation=False)` says False there.
 # - **whether float16 needs a GradScaler**: when some gradients fall below float16's range
 #   (lesson 01 counts how many of yours do; lesson 03 trains with and without a scaler).
 #   A network whose gradients all fit trains in float16 without one; the course pairs fp16
 #   with a scaler because it cannot know that in advance. bfloat16 has float32's range, so
 #   it rarely needs one.
 #
-# Rather than trust a rule for the first fact, the report measured it: one small matmul per
-# precision, timed here. (The rates are printed with `≈`: see "Reading the outputs" below.)
+# Rather than trust a rule for the first fact, the report measured it: one matmul per
+# precision, timed here, the best of 3 (256 x 256 on a CPU, 4096 x 4096 on a GPU). A CPU's
+# recommendation ("why", above) cites the bf16 rate; a GPU's follows its compute capability.
 
 # %%
 from amp_lessons.claims import measured
 
 for p, r in speedups.items():
     print(f"{p} matmul: {measured(r, '.2g')}x float32's rate on {device.type}")
-
-# %% [markdown]
-# The recommendation for this machine, and why; on a CPU it cites the measurement above:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-print(report.recommended, "+ GradScaler" if report.use_scaler else "(no GradScaler)")
-print(report.reason)
 
 # %% [markdown]
 # The same rule, applied to the devices learners use most. `recommend` is a pure function
@@ -215,9 +222,10 @@ print(recommend("cuda", (7, 5), bf16_native=False)[2])
 # Not every precision exists everywhere. TF32 is not a dtype but a way of multiplying
 # float32 matrices with 10 mantissa bits: NVIDIA's tensor cores do it from Ampere on. On a
 # CPU, `"high"` reaches oneDNN, whose tf32 path torch takes only on x86 CPUs with AMX-FP16.
-# **Predict**: does `"high"` change a float32 matmul's result on this CPU? (The verdict
-# checks that it changes nothing without AMX-FP16; with AMX-FP16, oneDNN may take the tf32
-# path, and the line after it says whether it did.)
+# (The function's docstring says it affects only CUDA; the first line below shows oneDNN
+# reading it.) **Predict**: does `"high"` change a float32 matmul's result on this CPU? (See
+# the report's AMX-FP16 row. The verdict checks that nothing changes without AMX-FP16; with
+# it, oneDNN may take the tf32 path, and the line after it says whether it did.)
 
 # %%
 from amp_lessons.claims import check
@@ -228,7 +236,7 @@ torch.set_float32_matmul_precision("high")
 print("oneDNN's float32 matmul precision under 'high':", torch.backends.mkldnn.matmul.fp32_precision)
 changed = not torch.equal(a @ b, exact)
 torch.set_float32_matmul_precision(before)
-amx_fp16 = getattr(torch._C._cpu, "_get_cpu_capability", dict)().get("amx_fp16", False)  # torch's CPU probe
+amx_fp16 = machine.amx_fp16  # torch's CPU probe, as the report read it
 print(check("'high' changes this CPU's float32 matmul results only where the CPU has AMX-FP16",
             changed <= amx_fp16))
 
@@ -237,8 +245,8 @@ print(check("'high' changes this CPU's float32 matmul results only where the CPU
 print(f"this CPU: AMX-FP16 {amx_fp16}; 'high' changed the matmul's result: {changed}")
 
 # %% [markdown]
-# The course trains in tf32 only on Ampere-or-newer NVIDIA GPUs, and refuses it on a CPU;
-# bf16 and fp16 autocast both run. **Predict**: does float16 really run on a CPU, or is it refused?
+# The course trains in tf32 only on Ampere-or-newer NVIDIA GPUs, and refuses it on a CPU.
+# **Predict**: does float16 really run on a CPU, or is it refused?
 
 # %%
 from amp_lessons.hardware import supported_precisions
@@ -279,22 +287,23 @@ with expect_error(ValueError):
 # Some numbers come out of float kernels: a loss after 100 steps, a timing, a norm. Another
 # CPU, thread count, torch release or a GPU prints other digits for them. The lessons print
 # such a figure with a leading `≈` (`measured` above). The course's tests compare the stored
-# outputs except those digits and the few machine-specific cells marked to be skipped (this
-# machine's report, its recommendation, its AMX-FP16 line).
+# outputs except those digits and the two machine-specific cells marked to be skipped (this
+# machine's report with its recommendation, and its AMX-FP16 line).
 #
 # A sentence the text draws from such figures is checked, in the cell, by a **verdict**
 # with its margin in the words: `✓ holds` on this machine, or `✗ did not hold here`, with
 # the figures it used. If one prints `✗` on yours, the claim does not hold there. Two
-# verdicts, one exact and one with a margin:
+# verdicts, one exact and one with a margin (bf16's 8-bit mantissa, against float32's):
 
 # %%
-from amp_lessons.claims import at_least
+from amp_lessons.claims import at_most
 
 with torch.autocast("cpu", dtype=torch.float16):
     print(check("float16 autocast runs matmuls in float16 on this CPU", (a @ a).dtype == torch.float16))
-ratio = 1.0 if report.recommended in ("fp32", "tf32") else speedups[report.recommended]
-print(at_least("the precision recommended here multiplies matrices at least 0.8x as fast as float32",
-               ratio, 0.8))
+exact = a @ a
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    error = ((a @ a).float() - exact).norm() / exact.norm()  # relative, over the whole matrix
+print(at_most("a bf16 autocast matmul's result is within 1% of float32's", error, 0.01, ".2g"))
 
 # %% [markdown]
 # ## How the widgets work
@@ -302,7 +311,8 @@ print(at_least("the precision recommended here multiplies matrices at least 0.8x
 # Lessons 01, 02 and 03 have widgets: controls wired to the same functions the cells call, so
 # moving one re-runs a small computation and redraws. Click a precision below: the
 # text shows the dtype autocast computes in, whether a GradScaler is needed, and whether
-# this device can run it. (In a static view, such as GitHub's, widgets do not render:
+# the course uses it on this device (it leaves out what runs here only by emulation, such
+# as bf16 on a T4). (In a static view, such as GitHub's, widgets do not render:
 # open the notebook in JupyterLab or Colab.)
 
 # %%
@@ -322,7 +332,8 @@ print(describe_precision("fp16", "cpu"))
 # %% [markdown]
 # ## Running the lessons
 #
-# - **Locally**: `make lab` creates `.venv`, installs the course and opens JupyterLab here;
+# - **Locally**: `make lab` creates `.venv`, installs the course, copies the lessons to `lab/`
+#   and opens that copy in JupyterLab;
 #   `make test` re-runs every lesson and compares its outputs with the stored ones.
 # - **Colab**: open a lesson from the README's "Open in Colab" links. The setup cell installs
 #   the package. *Runtime → Change runtime type → T4 GPU* gives you a GPU: the lessons then
@@ -345,13 +356,20 @@ print(describe_precision("fp16", "cpu"))
 #   docs.pytorch.org/tutorials/recipes/recipes/amp_recipe.html).
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
 #   PyTorch's CUDA notes (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and
-#   later) devices") and the function's docstring (`torch/__init__.py`).
+#   later) devices") and the function's docstring (`torch/__init__.py`), which says "This flag
+#   currently only affects one native device type: CUDA"; on a CPU oneDNN reads it through
+#   `torch.backends.mkldnn.matmul.fp32_precision`, printed above.
 # - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
 #   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
-# - Which CPUs torch's oneDNN matmul takes its 16-bit paths on: the same file's error texts,
-#   in torch 2.13 "mkldnn_matmul bf16 path needs the cpu support avx_ne_convert or avx512bw,
-#   avx512vl and avx512dq, or AWS Graviton3" and "mkldnn_matmul fp16 path needs the cpu
-#   support avx_ne_convert or avx512_fp16" (the conditions, not the speed).
+# - Which CPUs torch's oneDNN matmul takes its 16-bit paths on (the conditions, not the
+#   speed): `mkldnn_bf16_device_check` and `mkldnn_fp16_device_check` in
+#   `aten/src/ATen/native/mkldnn/Utils.h`: on x86, oneDNN's bf16 and fp16 type support, whose
+#   error texts in torch 2.13 name "avx_ne_convert or avx512bw, avx512vl and avx512dq" and
+#   "avx_ne_convert or avx512_fp16"; off x86, bf16 where cpuinfo reports Arm's bf16
+#   instructions, fp16 never. `mkldnn_matmul`'s Arm branch in `Matmul.cpp` takes float32
+#   and bf16 only.
+# - CPU and CUDA autocast's float32 lists: `aten/src/ATen/autocast_mode.cpp` (the
+#   `AutocastCPU` and `AutocastCUDA` registrations), traced in lesson 02.
 # - bf16 tensor cores from Ampere (compute capability 8.0) on: CUDA C++ Programming Guide,
 #   "Alternate Floating Point" ("Tensor Cores support alternate types of floating point
 #   operations on devices with compute capability 8.0 and higher").

@@ -10,7 +10,8 @@ from amp_lessons.__main__ import main
 from amp_lessons.hardware import DeviceUnavailableError, hardware_report, pick_device
 from amp_lessons.precision import dtype_of, float32_matmul_precision, needs_scaler, uses_autocast
 
-CPU_BASE = {"cpu_name": "Simulated CPU", "avx512_bf16": False, "amx_bf16": False, "amx_tile": False}
+CPU_BASE = {"cpu_name": "Simulated CPU", "architecture": "x86_64", "avx512_bf16": False, "amx_bf16": False,
+            "amx_fp16": False, "amx_tile": False}
 
 
 # What a quick bf16 / fp16 matmul measures on each simulated CPU class (lesson 00's figures
@@ -20,9 +21,11 @@ SIMULATED_SPEEDUPS = {"amx": {"bf16": 5.4, "fp16": 0.4}, "avx512_bf16": {"bf16":
                       "avx2": {"bf16": 0.3, "fp16": 0.02}}
 
 
-def simulate_cpu(monkeypatch, *, avx512_bf16=False, amx=False, isa="AVX2", speedups=None):
+def simulate_cpu(monkeypatch, *, avx512_bf16=False, amx=False, isa="AVX2", speedups=None, arch="x86_64",
+                 amx_fp16=False):
     """A CPU of that class, its quick matmul measuring ``speedups`` (default: the class's)."""
-    caps = dict(CPU_BASE, avx512_bf16=avx512_bf16, amx_bf16=amx, amx_tile=amx)
+    caps = dict(CPU_BASE, architecture=arch, avx512_bf16=avx512_bf16, amx_bf16=amx, amx_fp16=amx_fp16,
+                amx_tile=amx or amx_fp16)
     kind = "amx" if amx else "avx512_bf16" if avx512_bf16 else "avx2"
     measured = dict(speedups or SIMULATED_SPEEDUPS[kind])
     monkeypatch.setattr(hardware, "matmul_speedups", lambda device=None, **_: dict(measured))
@@ -98,12 +101,92 @@ def test_gpu_classes(monkeypatch, name, cc, precision, scaler, native):
         assert "no GradScaler" in report.reason
 
 
+def test_arm_cpu_is_not_called_emulated_by_x86_flags(monkeypatch):
+    # torch's x86 flags all read False on an Arm CPU, whatever bf16 instructions it has.
+    simulate_cpu(monkeypatch, arch="aarch64", isa="DEFAULT", speedups={"bf16": 3.0, "fp16": 0.5})
+    report = hardware_report()
+    rows = dict(report.rows())
+    assert report.recommended == "bf16" and report.cpu_arch == "aarch64"
+    assert report.bf16_native is False and report.bf16_emulated is False
+    assert rows["bfloat16"] == "instructions not probed on aarch64 (the measured rate decides)"
+    assert rows["CPU instruction set"] == "DEFAULT (aarch64)"
+    assert not {"AVX512-BF16", "AMX-BF16", "AMX-FP16"} & set(rows)
+    assert report.reason.startswith("aarch64 CPU, whose bf16 instructions the course does not probe")
+    assert "without native bf16" not in report.reason and "3x float32's rate" in report.reason
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, row", [
+    (False, False, "no bf16 instructions (converted to float32 and back)"),
+    (True, False, "native instructions (AVX512-BF16 or AMX-BF16)"),
+    (True, True, "native instructions (AVX512-BF16 or AMX-BF16)")])
+def test_x86_cpu_rows(monkeypatch, avx512_bf16, amx, row):
+    simulate_cpu(monkeypatch, avx512_bf16=avx512_bf16, amx=amx, amx_fp16=amx)
+    rows = dict(hardware_report().rows())
+    assert rows["bfloat16"] == row and "emulated only" not in rows["bfloat16"]
+    assert rows["AMX-BF16"] == rows["AMX-FP16"] == ("yes" if amx else "no")
+    assert "CPU" not in rows  # on a CPU the name row already names it
+
+
+def test_a_gpu_report_names_its_cpu(monkeypatch):
+    simulate_gpu(monkeypatch, "Tesla T4", (7, 5))
+    rows = dict(hardware_report().rows())
+    assert rows["CPU"] == "Simulated CPU" and rows["bfloat16"] == "emulated only (slow)"
+
+
+def test_table_wraps_long_values_under_their_column(monkeypatch):
+    simulate_cpu(monkeypatch)
+    report = hardware_report()
+    assert report.reason in report.table().splitlines()[-1]  # unwrapped: one line a row (doctor)
+    lines = report.table(width=80).splitlines()
+    assert max(len(line) for line in lines) <= 80
+    why = next(i for i, line in enumerate(lines) if line.startswith("why "))
+    pad = lines[why].index(report.reason[:12])  # where the value column starts
+    assert lines[0].index(report.device) == pad and len(lines) > why + 1
+    assert all(line.startswith(" " * pad) and line[pad] != " " for line in lines[why + 1:])
+    assert " ".join(line[pad:] for line in lines[why:]) == report.reason
+
+
+def test_amx_fp16_is_read_from_torchs_probe(monkeypatch):
+    simulate_cpu(monkeypatch, amx_fp16=True)
+    assert hardware.cpu_features()["amx_fp16"] is True and hardware_report().amx_fp16 is True
+
+
 def test_t4_never_recommends_emulated_bf16(monkeypatch):
     simulate_gpu(monkeypatch, "Tesla T4", (7, 5))
     assert torch.cuda.is_bf16_supported()  # what the naive check says
     assert hardware.supported_precisions()["bf16"] is not None
     assert hardware.supported_precisions()["tf32"] is not None
     assert hardware_report().recommended == "fp16"
+
+
+def test_t4_bf16_is_the_courses_choice_not_a_limit(monkeypatch):
+    # torch.autocast("cuda", torch.bfloat16) runs on a T4 (is_bf16_supported() is True there);
+    # the course leaves it out, and says so.
+    from amp_lessons.widgets import describe_precision
+
+    simulate_gpu(monkeypatch, "Tesla T4", (7, 5))
+    why = hardware.supported_precisions()["bf16"]
+    assert why.startswith("bf16 autocast runs on this GPU only by emulation") and "fp16 + GradScaler" in why
+    with pytest.raises(ValueError, match="the course does not run precision 'bf16' on cuda: bf16 autocast runs"):
+        hardware.resolve("bf16", "cuda")
+    assert describe_precision("bf16", "cuda").splitlines()[-1] == f"used on cuda   no: {why}"
+
+
+def test_pre_volta_gpu_is_not_said_to_gain_nothing(monkeypatch):
+    simulate_gpu(monkeypatch, "Tesla P100-PCIE-16GB", (6, 0))
+    report = hardware_report()
+    assert report.recommended == "fp32" and report.use_scaler is False
+    assert "not faster" not in report.reason and "does not measure" in report.reason
+
+
+def test_speedup_matmul_is_sized_for_the_device(monkeypatch):
+    sizes, speedups = [], hardware.matmul_speedups  # the real one: the simulation replaces it
+    monkeypatch.setattr(hardware, "matmul_gflops", lambda n, p, dev, **_: sizes.append((dev.type, n)) or 1.0)
+    simulate_gpu(monkeypatch, "NVIDIA A100", (8, 0))
+    assert speedups("cpu") == {"bf16": 1.0, "fp16": 1.0}
+    speedups("cuda")
+    speedups("cuda", n=64)
+    assert sizes == [("cpu", 256)] * 3 + [("cuda", 4096)] * 3 + [("cuda", 64)] * 3
 
 
 def test_a100_supports_everything(monkeypatch):
@@ -136,7 +219,7 @@ def test_unknown_device_name():
 
 def test_tf32_is_refused_on_cpu(monkeypatch):
     simulate_cpu(monkeypatch)
-    with pytest.raises(ValueError, match="TF32 training runs only on Ampere-or-newer NVIDIA GPUs"):
+    with pytest.raises(ValueError, match="course does not run precision 'tf32' on cpu: TF32 training runs only"):
         hardware.resolve("tf32", "cpu")
     assert hardware.resolve("half", "cpu") == ("fp16", torch.device("cpu"))
 

@@ -183,7 +183,7 @@ def test_describe_precision_fp16_against_torch():
     assert dtype_of("fp16") == torch.float16 and dtype_of("bf16") == torch.bfloat16
     text = widgets.describe_precision("fp16", "cpu")
     assert "compute dtype  torch.float16" in text and "GradScaler     yes" in text
-    assert text.splitlines()[-1] == "runs on cpu    yes"  # CPU autocast supports float16
+    assert text.splitlines()[-1] == "used on cpu    yes"  # CPU autocast supports float16
     assert "no: " in widgets.describe_precision("tf32", "cpu").splitlines()[-1]
 
 

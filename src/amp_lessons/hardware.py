@@ -12,6 +12,7 @@ doctor`` and by every lesson that picks a device.
 from __future__ import annotations
 
 import platform
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -64,28 +65,42 @@ def pick_device(requested=None) -> torch.device:
 
 
 def cpu_features() -> dict:
-    """The CPU's name and the instruction sets that matter for 16-bit math.
+    """The CPU's name, architecture and the x86 instruction sets that matter for 16-bit math.
 
     Reads torch's own CPU probe (``torch._C._cpu._get_cpu_capability``, present in recent
-    releases) and falls back to /proc/cpuinfo flags on Linux.
+    releases) and falls back to /proc/cpuinfo flags on Linux. The flags are x86's: on
+    another architecture (``"arch"``, aarch64 say) they read False whatever the CPU has.
     """
     isa = torch.backends.cpu.get_cpu_capability()
     probe = getattr(torch._C._cpu, "_get_cpu_capability", None)
     if probe is not None:
         caps = probe()
+        tile = bool(caps.get("amx_tile", True))
         return {
             "name": caps.get("cpu_name") or platform.processor() or "unknown CPU",
+            "arch": caps.get("architecture") or platform.machine() or "unknown",
             "isa": isa,
             "avx512_bf16": bool(caps.get("avx512_bf16")),
-            "amx_bf16": bool(caps.get("amx_bf16")) and bool(caps.get("amx_tile", True)),
+            "amx_bf16": bool(caps.get("amx_bf16")) and tile,
+            "amx_fp16": bool(caps.get("amx_fp16")) and tile,
         }
     flags = _proc_cpuinfo_flags()
     return {
         "name": platform.processor() or "unknown CPU",
+        "arch": platform.machine() or "unknown",
         "isa": isa,
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
+        "amx_fp16": "amx_fp16" in flags,
     }
+
+
+_X86 = {"x86_64", "amd64", "x86", "i386", "i686"}
+
+
+def is_x86(arch: str) -> bool:
+    """Whether ``arch`` (:func:`cpu_features`' ``"arch"``) is x86, where its flags mean something."""
+    return arch.lower() in _X86
 
 
 def _proc_cpuinfo_flags() -> set[str]:
@@ -114,8 +129,10 @@ class HardwareReport:
     float32_matmul_precision: str
     cpu_name: str
     cpu_isa: str
+    cpu_arch: str
     avx512_bf16: bool
     amx_bf16: bool
+    amx_fp16: bool
     recommended: str
     use_scaler: bool
     reason: str
@@ -124,36 +141,51 @@ class HardwareReport:
         return asdict(self)
 
     def rows(self) -> list[tuple[str, str]]:
-        """(label, value) pairs, in the order lesson 00 and ``doctor`` print them."""
+        """(label, value) pairs, in the order lesson 00 and ``doctor`` print them. On a CPU the
+        ``name`` is the CPU's, so no separate CPU row; off x86 the x86 flags are not shown."""
         cc = "n/a" if self.cuda_capability is None else "{}.{}".format(*self.cuda_capability)
-        if self.bf16_native:
-            bf16 = "native"
-        elif self.bf16_emulated:
-            bf16 = "emulated only (slow)"
-        else:
-            bf16 = "no"
-        return [
+        x86 = is_x86(self.cpu_arch)
+        rows = [
             ("device", self.device),
             ("name", self.name),
             ("torch", self.torch_version),
             ("CUDA compute capability", cc),
-            ("bfloat16", bf16),
+            ("bfloat16", self._bf16_row(x86)),
             ("float16", "yes" if self.fp16 else "no"),
             ("TF32 tensor cores", "yes" if self.tf32_hardware else "no"),
             ("float32 matmul precision", self.float32_matmul_precision),
-            ("CPU", self.cpu_name),
-            ("CPU instruction set", self.cpu_isa),
-            ("AVX512-BF16", "yes" if self.avx512_bf16 else "no"),
-            ("AMX-BF16", "yes" if self.amx_bf16 else "no"),
+        ]
+        if not self.device.startswith("cpu"):
+            rows.append(("CPU", self.cpu_name))
+        rows.append(("CPU instruction set", self.cpu_isa if x86 else f"{self.cpu_isa} ({self.cpu_arch})"))
+        if x86:
+            rows += [("AVX512-BF16", "yes" if self.avx512_bf16 else "no"),
+                     ("AMX-BF16", "yes" if self.amx_bf16 else "no"),
+                     ("AMX-FP16", "yes" if self.amx_fp16 else "no")]
+        return rows + [
             ("recommended precision", self.recommended + (" + GradScaler" if self.use_scaler else "")),
             ("why", self.reason),
         ]
 
-    def table(self) -> str:
-        """The report as an aligned two-column text table."""
+    def _bf16_row(self, x86: bool) -> str:
+        if not self.device.startswith("cpu"):
+            return "native" if self.bf16_native else "emulated only (slow)" if self.bf16_emulated else "no"
+        if not x86:
+            return f"instructions not probed on {self.cpu_arch} (the measured rate decides)"
+        if self.bf16_native:
+            return "native instructions (AVX512-BF16 or AMX-BF16)"
+        return "no bf16 instructions (converted to float32 and back)"
+
+    def table(self, width: int | None = None) -> str:
+        """The report as an aligned two-column text table, one line a row (``doctor``), or with
+        long values wrapped at ``width`` characters under their column (lesson 00)."""
         rows = self.rows()
-        width = max(len(label) for label, _ in rows)
-        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+        pad = max(len(label) for label, _ in rows) + 2
+        if width is None:
+            return "\n".join(f"{label:<{pad}}{value}" for label, value in rows)
+        return "\n".join(
+            textwrap.fill(str(value), width, initial_indent=f"{label:<{pad}}", subsequent_indent=" " * pad)
+            for label, value in rows)
 
 
 # On a CPU, bf16 is recommended when a measured bf16 matmul runs at least this much faster
@@ -162,7 +194,9 @@ class HardwareReport:
 CPU_BF16_MIN_SPEEDUP = 1.25
 
 
-def _cpu_class(avx512_bf16: bool, amx_bf16: bool) -> str:
+def _cpu_class(avx512_bf16: bool, amx_bf16: bool, arch: str = "x86_64") -> str:
+    if not is_x86(arch):
+        return f"{arch} CPU, whose bf16 instructions the course does not probe"
     if amx_bf16:
         return "CPU with AMX-BF16 tile units"
     if avx512_bf16:
@@ -171,15 +205,17 @@ def _cpu_class(avx512_bf16: bool, amx_bf16: bool) -> str:
 
 
 def recommend(device_type: str, cuda_capability=None, bf16_native=False,
-              avx512_bf16=False, amx_bf16=False, bf16_speedup=None) -> tuple[str, bool, str]:
+              avx512_bf16=False, amx_bf16=False, bf16_speedup=None,
+              cpu_arch: str = "x86_64") -> tuple[str, bool, str]:
     """(precision, use_scaler, reason) for a device class: the one rule every command and
     lesson applies (through :attr:`Machine.recommendation`). Pure: tests and lesson 00's
     table call it directly.
 
     A GPU's answer follows its compute capability. A CPU's follows ``bf16_speedup``, a
     measured bf16 / fp32 matmul rate ratio (:func:`matmul_speedups`): bf16 where it is at
-    least :data:`CPU_BF16_MIN_SPEEDUP`, whatever the CPU's instruction sets; without a
-    measurement, fp32, and the reason says it was not measured.
+    least :data:`CPU_BF16_MIN_SPEEDUP`, whatever the CPU's instruction sets (``cpu_arch``
+    only names the CPU's class in the reason); without a measurement, fp32, and the reason
+    says it was not measured.
     """
     if device_type == "cuda":
         cc = "{}.{}".format(*cuda_capability) if cuda_capability else "unknown"
@@ -193,13 +229,14 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                     "cores start with Ampere, so bf16 is only emulated here. fp16's narrow range "
                     "underflows small gradients to zero, so the course pairs it with GradScaler.")
         return ("fp32", False,
-                f"GPU without tensor cores (compute capability {cc}): 16-bit math is not faster "
-                "here; autocast would only save activation memory.")
+                f"GPU without tensor cores (compute capability {cc}): whether 16-bit math is faster "
+                "depends on the model, and the course does not measure GPUs this old; autocast "
+                "would save activation memory.")
     if device_type == "mps":
         return ("fp32", False,
                 "Apple GPU: autocast works on MPS in recent torch, but the lessons' speed claims "
                 "are not measured there; run `python -m amp_lessons bench` before switching.")
-    what = _cpu_class(avx512_bf16, amx_bf16)
+    what = _cpu_class(avx512_bf16, amx_bf16, cpu_arch)
     if bf16_speedup is None:
         return ("fp32", False,
                 f"{what}, not measured: on a CPU the course recommends bf16 only where a bf16 matmul "
@@ -208,7 +245,7 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
     measured = f" Measured here: a bf16 matmul ran at {bf16_speedup:.2g}x float32's rate."
     if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
         return ("bf16", False,
-                f"{what}, whose bf16 matmuls are faster than float32's.{measured} bf16 also halves "
+                f"{what}, whose bf16 matmuls measured faster than float32's.{measured} bf16 also halves "
                 "the activation memory and needs no GradScaler; lesson 05 measures whole training "
                 "steps, which gain less than their matmuls.")
     return ("fp32", False,
@@ -217,13 +254,22 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
             "halves what is saved for backward).")
 
 
-def matmul_speedups(device=None, n: int = 256, repeats: int = 3) -> dict[str, float]:
+# The size of :func:`matmul_speedups`' matmul: 256 on a CPU, where it runs at every entry
+# point and must stay quick; 4096 on a GPU, whose tensor cores would do a 256 x 256 fp16
+# matmul (34 MFLOP) in about 0.1 us at an A100's 312 TFLOPS, less than a kernel launch.
+SPEEDUP_MATMUL_N = {"cpu": 256}
+SPEEDUP_MATMUL_N_GPU = 4096
+
+
+def matmul_speedups(device=None, n: int | None = None, repeats: int = 3) -> dict[str, float]:
     """Each 16-bit precision's matmul rate over float32's on ``device``: ``{"bf16": r, "fp16": r}``.
 
-    A quick n x n microbenchmark (well under a second where 16-bit is native). A
-    :class:`Machine` runs it once, when its recommendation or rates are first asked for.
+    A quick n x n microbenchmark, ``n`` by default from :data:`SPEEDUP_MATMUL_N` (a GPU:
+    :data:`SPEEDUP_MATMUL_N_GPU`). A :class:`Machine` runs it once, when its recommendation
+    or rates are first asked for; only a CPU's recommendation uses it.
     """
     dev = pick_device(device)
+    n = SPEEDUP_MATMUL_N.get(dev.type, SPEEDUP_MATMUL_N_GPU) if n is None else n
     fp32 = matmul_gflops(n, "fp32", dev, warmup=1, repeats=repeats)
     return {p: matmul_gflops(n, p, dev, warmup=1, repeats=repeats) / fp32 for p in ("bf16", "fp16")}
 
@@ -238,7 +284,8 @@ def _mps_bf16_native() -> bool:
 
 
 def _bf16_native_cuda(device=None) -> bool:
-    """``is_bf16_supported(including_emulation=False)``: a T4 says True without it."""
+    """``is_bf16_supported(including_emulation=False)``: a T4 says True without it. (On a ROCm
+    build torch answers True before it reads the argument.)"""
     try:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     except TypeError:  # torch < 2.5 has no including_emulation; its answer was the native one
@@ -266,6 +313,8 @@ class Machine:
     cpu_isa: str
     avx512_bf16: bool
     amx_bf16: bool
+    amx_fp16: bool = False
+    cpu_arch: str = "x86_64"
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -287,18 +336,21 @@ class Machine:
         if "recommendation" not in self._cache:
             speedup = self.speedups["bf16"] if self.type == "cpu" and self.speedups else None
             self._cache["recommendation"] = recommend(self.type, self.cuda_capability, self.bf16_native,
-                                                      self.avx512_bf16, self.amx_bf16, bf16_speedup=speedup)
+                                                      self.avx512_bf16, self.amx_bf16, bf16_speedup=speedup,
+                                                      cpu_arch=self.cpu_arch)
         return self._cache["recommendation"]
 
     def supported(self) -> dict[str, str | None]:
-        """For each precision, ``None`` if this device runs it, else the reason it cannot."""
+        """For each precision, ``None`` if the course runs it on this device, else why not: what
+        torch would only emulate here (bf16 on a pre-Ampere GPU) is left out, not impossible."""
         out: dict[str, str | None] = dict.fromkeys(PRECISIONS)
         if self.type == "cuda":
             cc = self.cuda_capability
             if not self.tf32_hardware:
                 out["tf32"] = f"TF32 needs an Ampere-or-newer GPU; this one is compute capability {cc[0]}.{cc[1]}"
             if not self.bf16_native:
-                out["bf16"] = "bf16 is only emulated on this GPU (pre-Ampere); use fp16 + GradScaler"
+                out["bf16"] = ("bf16 autocast runs on this GPU only by emulation (pre-Ampere: no bf16 tensor "
+                               "cores), so the course uses fp16 + GradScaler here")
         elif self.type == "cpu":
             out["tf32"] = ("TF32 training runs only on Ampere-or-newer NVIDIA GPUs in this course; on a "
                            "CPU, 'high' reaches oneDNN's tf32 path only with AMX-FP16 (lesson 00)")
@@ -314,8 +366,8 @@ class Machine:
             cuda_capability=self.cuda_capability, bf16_native=self.bf16_native,
             bf16_emulated=self.bf16_emulated, fp16=self.fp16, tf32_hardware=self.tf32_hardware,
             float32_matmul_precision=torch.get_float32_matmul_precision(), cpu_name=self.cpu_name,
-            cpu_isa=self.cpu_isa, avx512_bf16=self.avx512_bf16, amx_bf16=self.amx_bf16,
-            recommended=precision, use_scaler=scaler, reason=reason)
+            cpu_isa=self.cpu_isa, cpu_arch=self.cpu_arch, avx512_bf16=self.avx512_bf16,
+            amx_bf16=self.amx_bf16, amx_fp16=self.amx_fp16, recommended=precision, use_scaler=scaler, reason=reason)
 
 
 def resolve_machine(device=None, speedups=None, measure: bool = True) -> Machine:
@@ -339,11 +391,12 @@ def resolve_machine(device=None, speedups=None, measure: bool = True) -> Machine
                      bf16_emulated=(not native) and torch.cuda.is_bf16_supported(), tf32_hardware=cc >= (8, 0))
     elif dev.type == "cpu":
         native = cpu["avx512_bf16"] or cpu["amx_bf16"]
-        facts.update(bf16_native=native, bf16_emulated=not native)
+        x86 = is_x86(cpu["arch"])  # elsewhere the x86 flags say nothing either way
+        facts.update(bf16_native=native, bf16_emulated=x86 and not native)
     elif dev.type == "mps":
         facts.update(name="Apple GPU (MPS)", bf16_native=_mps_bf16_native())
     machine = Machine(device=dev, cpu_name=cpu["name"], cpu_isa=cpu["isa"], avx512_bf16=cpu["avx512_bf16"],
-                      amx_bf16=cpu["amx_bf16"], **facts)
+                      amx_bf16=cpu["amx_bf16"], amx_fp16=cpu["amx_fp16"], cpu_arch=cpu["arch"], **facts)
     if speedups is not None or not measure:
         machine._cache["speedups"] = None if speedups is None else dict(speedups)
     return machine
@@ -362,7 +415,7 @@ def hardware_report(device=None, measure=True) -> HardwareReport:
 
 
 def supported_precisions(device=None) -> dict[str, str | None]:
-    """For each precision, ``None`` if ``device`` can run it, else the reason it cannot
+    """For each precision, ``None`` if the course runs it on ``device``, else why not
     (:meth:`Machine.supported`). Used by ``bench`` (05) and the widgets, which offer only
     what runs here."""
     return resolve_machine(device, measure=False).supported()
@@ -419,7 +472,7 @@ def resolve(precision, device=None) -> tuple[str, torch.device]:
     machine = resolve_machine(device, measure=False)
     why = machine.supported()[name]
     if why is not None and name == "tf32":
-        raise ValueError(f"precision 'tf32' cannot run on {machine.device}: {why}. Use 'fp32' here.")
+        raise ValueError(f"the course does not run precision 'tf32' on {machine.device}: {why}. Use 'fp32' here.")
     if why is not None:
-        raise ValueError(f"precision {name!r} cannot run on {machine.device}: {why}")
+        raise ValueError(f"the course does not run precision {name!r} on {machine.device}: {why}")
     return name, machine.device

@@ -134,7 +134,9 @@ _SCALER_WHY = "yes, in case some gradients fall below fp16's range (lesson 01 co
 
 
 def describe_precision(name, device=None) -> str:
-    """00: what choosing ``name`` means on ``device``: dtype, autocast, scaler, runs here?
+    """00: what choosing ``name`` means on ``device``: dtype, autocast, scaler, and whether the
+    course uses it there (:func:`~amp_lessons.hardware.supported_precisions`: it leaves out what
+    torch only emulates, such as bf16 on a pre-Ampere GPU, and tf32 off NVIDIA GPUs).
 
     ``name`` is read by :func:`amp_lessons.precision.parse_precision`: ``"half"``,
     ``"float16"`` and ``torch.float16`` all mean fp16.
@@ -147,7 +149,7 @@ def describe_precision(name, device=None) -> str:
         f"compute dtype  {dtype_of(name)}",
         f"autocast       {'yes' if uses_autocast(name) else 'no'}",
         f"GradScaler     {_SCALER_WHY if needs_scaler(name) else 'no'}",
-        f"runs on {dev.type:<6} {'yes' if why_not is None else 'no: ' + why_not}",
+        f"used on {dev.type:<6} {'yes' if why_not is None else 'no: ' + why_not}",
     ]
     return "\n".join(lines)
 
