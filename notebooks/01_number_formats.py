@@ -87,15 +87,10 @@ print(formats_table())
 
 # %% [markdown]
 # The figures come from `torch.finfo` for every format torch has a dtype for. TF32 is not
-# a dtype: tensors stay float32, and an NVIDIA tensor core (Ampere and newer) multiplying
-# them keeps only 10 of each input's 23 mantissa bits, so its figures follow from that
-# layout. Which 10? PyTorch's two notes put it differently: the numerical-accuracy notes
-# say "only the first 10 bits of the input mantissa are read" (the rest dropped, an error
-# below 2^-10 of the value), the CUDA notes speak of "rounding input data to have 10 bits of
-# mantissa" (to nearest, at most 2^-11). This course's `round_to_format("tf32")` rounds to
-# nearest, and `make gpu-check` measures what your GPU does (lesson 05 has more). The two fp8 formats are a preview:
-# `e4m3fn` ("finite") has no infinity; its all-ones exponent holds numbers instead, one
-# more power of two of range.
+# a dtype: an NVIDIA tensor core (Ampere and newer) multiplying float32 tensors keeps 10 of
+# each input's 23 mantissa bits, so its row follows from that layout. PyTorch's notes differ
+# on whether the rest is cut or rounded (Sources); this course rounds to nearest (lesson 05
+# has more). The two fp8 formats are a preview of lesson 08.
 #
 # The same ranges on a number line, in powers of two:
 
@@ -105,8 +100,9 @@ from amp_lessons.plots import format_ranges
 format_ranges()
 
 # %% [markdown]
-# bfloat16 keeps float32's 8 exponent bits, so it has float32's range. float16 spends
-# its bits on mantissa instead, so its range is the short bar.
+# bfloat16 keeps float32's 8 exponent bits: its normal numbers start at float32's smallest
+# normal, 2^-126, and end near its largest; only its subnormals stop sooner (2^-133, against
+# 2^-149). float16 spends its bits on mantissa instead, so its range is the short bar.
 #
 # ## Two numbers in every format
 #
@@ -121,9 +117,10 @@ for name in FORMATS:
     print(f"{name:<9} 1 + 1e-4 -> {stored[0]:<12.10g} 1e-8 -> {stored[1]:.6g}")
 
 # %% [markdown]
-# `1 + 1e-4` needs a spacing finer than `1e-4` next to 1; only float32 has one (its
-# `eps` in the table). `1e-8` needs range: float32, tf32 and bfloat16 keep it, with the
-# error their mantissa allows, while float16 and the fp8 formats round it to zero.
+# `1 + 1e-4` rounds to 1 unless the spacing next to 1 (`eps` in the table) is under `2e-4`,
+# so that `1e-4` is more than half a step: only float32's is. `1e-8` needs range: float32,
+# tf32 and bfloat16 keep it, with the error their mantissa allows, while float16 and the fp8
+# formats round it to zero.
 # Here are its bits in bfloat16 and in float16:
 
 # %%
@@ -187,9 +184,9 @@ format_explorer("1e-8", "fp16")
 # So far, single numbers. What matters in training is where the **gradients** lie. Below,
 # a small MLP learns the 8x8 handwritten digits in float32 for 51 steps (numbered 0 to 50)
 # on this machine, and `GradientRecorder` keeps the gradients of the last one, step 50:
-# every weight's gradient, and the gradients that flow between the layers during backward (the `grad_output` of each
-# `Linear`). float32's range holds them all, so these are the values a 16-bit backward pass
-# would have to hold.
+# every parameter's gradient (weights and biases), and the gradients that flow between the
+# layers during backward (the `grad_output` of each `Linear`). float32's range holds them
+# all, so these are the values a 16-bit backward pass would have to hold.
 
 # %%
 from amp_lessons.data import digits
@@ -207,7 +204,7 @@ print(f"loss {measured(history['loss'][0], '.3f')} -> {measured(history['loss'][
 
 # %%
 grads = torch.cat([recorder.weight_grads, recorder.activation_grads])
-print(f"{recorder.weight_grads.numel():,} weight-gradient and "
+print(f"{recorder.weight_grads.numel():,} parameter-gradient and "
       f"{recorder.activation_grads.numel():,} activation-gradient values")
 print(f"{measured((grads == 0).sum().item(), ',')} are exactly zero")
 
@@ -238,7 +235,7 @@ print("all of them 0 in the recorded gradients:", bool((first_grad[:, blank_pixe
 z = torch.tensor([-1.0, 0.0, 2.0], requires_grad=True)
 torch.relu(z).sum().backward()
 print("ReLU's gradient at -1, 0, 2:", z.grad.tolist())
-zeros = {"weight": recorder.weight_grads, "activation": recorder.activation_grads}
+zeros = {"parameter": recorder.weight_grads, "activation": recorder.activation_grads}
 for kind, g in zeros.items():
     print(f"exact zeros among the {kind} gradients: {measured(int((g == 0).sum()), ',')} of {g.numel():,}")
 
@@ -264,12 +261,12 @@ print(check("bfloat16 flushes none of them", bf16.flushed == 0, f"{measured(bf16
 # probability is tiny, and so is that gradient.
 
 # %%
-parts = {"weights": census(recorder.weight_grads, "fp16"), "activations": census(recorder.activation_grads, "fp16")}
+parts = {"parameters": census(recorder.weight_grads, "fp16"), "activations": census(recorder.activation_grads, "fp16")}
 for label, c in parts.items():
     print(f"{label:<12} flushed {measured(c.fraction('flushed'), '.3%')}  subnormal {measured(c.fraction('subnormal'), '.2%')}")
-print(check("the activation gradients lose more to float16 than the weight gradients",
+print(check("the activation gradients lose more to float16 than the parameter gradients",
             parts["activations"].fraction("flushed") + parts["activations"].fraction("subnormal")
-            > parts["weights"].fraction("flushed") + parts["weights"].fraction("subnormal")))
+            > parts["parameters"].fraction("flushed") + parts["parameters"].fraction("subnormal")))
 
 # %% [markdown]
 # The activation gradients, layer by layer. Backward reaches the last `Linear` first, so
@@ -298,9 +295,9 @@ print(check("the logits' gradient holds most of the activation values float16 fl
 # subnormal, as the cells above showed), yellow is subnormal (from just above 2^-25, which
 # rounds up to 2^-24, to the smallest normal 2^-14), purple overflows.
 # Above them, each format's subnormal (light) and normal (dark) band, as the key on the
-# right says. The title's share is of the nonzero values. It is the figure
-# NVIDIA's *Mixed Precision Training* paper (Micikevicius et al., 2018) made famous,
-# drawn from your own run.
+# right says. The exact zeros have no `log2`: the bars and the title's share leave them
+# out. It is the figure NVIDIA's *Mixed Precision Training* paper (Micikevicius et al.,
+# 2018) made famous, drawn from your own run.
 
 # %%
 from amp_lessons.plots import gradient_histogram
@@ -355,29 +352,26 @@ from amp_lessons.widgets import loss_scale_explorer
 loss_scale_explorer(grads)
 
 # %% [markdown]
-# The scales that leave no value flushed and none overflowing, for these gradients:
+# `GradScaler`'s starting scale, on these gradients:
 
 # %%
 from amp_lessons.formats import scaled_census
 
-clean = [k for k in range(25) if (c := scaled_census(grads, "fp16", 2.0**k)).flushed == 0 and c.overflow == 0]
-print(f"scale 2^k with nothing flushed and nothing overflowing: k from {measured(min(clean), 'd')} "
-      f"to {measured(max(clean), 'd')}" if clean else "no scale 2^k leaves nothing flushed and nothing overflowing")
 c16 = scaled_census(grads, "fp16", 2.0**16)
 print("GradScaler starts at", torch.amp.GradScaler(device.type).get_scale())
-print(check("at 2^16, GradScaler's starting scale, nothing flushes and nothing overflows", 16 in clean,
+print(check("at 2^16, GradScaler's starting scale, nothing flushes and nothing overflows",
+            c16.flushed == 0 and c16.overflow == 0,
             f"flushed {measured(c16.fraction('flushed'), '.3%')}, overflow {measured(c16.fraction('overflow'), '.3%')}"))
 
 # %% [markdown]
 # Too large a scale overflows: a single `inf` makes `GradScaler` skip the step and halve
-# the scale; after `growth_interval` clean steps it doubles it again. Lesson 03 shows it
-# finding its way into this window on its own.
+# the scale; after `growth_interval` clean steps it doubles it again (lesson 03 runs it).
 #
 # ## Why bfloat16 needs no scaler, and what it pays
 #
-# bfloat16 has float32's exponent range: the census above found nothing flushed, at scale
-# 1. It pays in mantissa: 7 bits instead of float16's 10. **Predict:** what does each
-# format store for `1 + 2^-8` and `1 + 2^-7`?
+# The census above found nothing flushed in bfloat16 at scale 1. It pays in mantissa: 7
+# bits instead of float16's 10. **Predict:** what does each format store for `1 + 2^-8`
+# and `1 + 2^-7`?
 
 # %%
 close_to_one = torch.tensor([1 + 2.0**-8, 1 + 2.0**-7])
@@ -398,31 +392,30 @@ print(check("float16 stores the typical gradient more precisely than bfloat16, a
             errors["fp16"].median() < errors["bf16"].median() and errors["fp16"].max() > errors["bf16"].max()))
 
 # %% [markdown]
-# float16 stores the typical gradient more precisely, but loses the small ones outright;
-# bfloat16 stores the typical one more coarsely, and loses none. For gradients like these,
-# that is why autocast in bfloat16 runs without a `GradScaler`, and why float16 needs one;
-# a network whose gradients all sit inside float16's range would not.
+# For gradients like these, that is why autocast in bfloat16 runs without a `GradScaler`,
+# and why float16 needs one; a network whose gradients all sit inside float16's range
+# would not.
 #
 # ## Remember
 #
-# - bfloat16 has float32's exponent range: your gradients did not flush to zero in it,
-#   so it needs no loss scaling. It pays with a coarse mantissa (`1 + 2^-8` is 1).
+# - bfloat16 has float32's exponent bits: none of your gradients flushed to zero in it,
+#   so it needed no loss scaling. It pays with a coarse mantissa (`1 + 2^-8` is 1).
 # - float16 has more mantissa but a narrow range: at half of `2^-24` and below, values
 #   flush to zero; below `2^-14` they lose precision as subnormals. Small gradients (in
 #   your run, above all the activation gradients) fall there.
-# - A loss scale `2^k` slides every gradient `k` powers of two up. Here, where the
-#   gradients span fewer powers of two than float16 does, a window of scales puts them all
-#   in its range (the cell above found it); too large a scale overflows to `inf`. This
+# - A loss scale `2^k` slides every gradient `k` powers of two up. Here the gradients span
+#   fewer powers of two than float16 does, so a scale such as `GradScaler`'s starting
+#   `2^16` puts them all in its range; too large a scale overflows to `inf`. This
 #   lesson scales float32 gradients and then rounds, which is exact for a power of two; a
 #   real float16 backward rounds along the way too (lesson 03 runs one).
 #
 # ## Watch out
 #
 # - A flushed gradient is silent: no error, no NaN, just a zero. A weight whose gradient
-#   flushes at every step stops learning from it (momentum or Adam may still move it a
-#   while). Zeros in a float16 run cannot tell flushed values from real zeros (the float32
-#   run above has exact zeros of its own): classify float32 gradients against float16's
-#   range, as `census` did, before trusting float16.
+#   flushes at every step stops learning from it. Zeros in a float16 run cannot tell
+#   flushed values from real zeros (the float32 run above has exact zeros of its own):
+#   classify float32 gradients against float16's range, as `census` did, before trusting
+#   float16.
 # - float16 overflows from 65520 on (the cells on its top end): one `inf` in the
 #   gradients and `GradScaler` skips the whole step.
 # - fp8 is narrower still, and e4m3fn has no `inf`. What torch's cast stores for a value
@@ -441,9 +434,9 @@ print(e4m3_overflow())
 # %% [markdown]
 # ## Exercise: pick a loss scale
 #
-# Find a loss scale, a power of two, that puts at least 99% of the nonzero gradients of
-# your run in float16's **normal** range, with none overflowing. Use the slider or the
-# table, replace `2.0**4`, and run the two cells.
+# Find the smallest loss scale, a power of two, that leaves none of your run's nonzero
+# gradients flushed to zero in float16, at least 99% of them in its **normal** range, and
+# none overflowing. Use the slider or `scale_table`, replace `2.0**4`, and run the two cells.
 
 # %%
 my_scale = 2.0**4

@@ -135,6 +135,11 @@ EDGES = [
     (65519.0, 65504.0, 65536.0),                    # below the overflow tie: stays finite
     (65520.0, math.inf, 65536.0),                   # the tie max+ulp/2 goes to inf
     (-1e6, -math.inf, -999424.0),
+    # rounded once from float64: via float32 each of these would land on a tie and go the other way
+    (65519.9999, 65504.0, 65536.0),                 # float32: 65520, the tie that goes to inf
+    (2.0**-25 * (1 + 2.0**-40), 2.0**-24, 2.0**-25),  # float32: 2^-25, the tie that goes to 0
+    (1 + 2.0**-11 + 2.0**-40, 1 + 2.0**-10, 1.0),   # float32: 1 + 2^-11, fp16's tie, even is 1
+    (1 + 2.0**-8 + 2.0**-40, 1 + 2.0**-8, 1 + 2.0**-7),  # float32: 1 + 2^-8, bf16's tie, even is 1
 ]
 
 
@@ -146,18 +151,36 @@ def test_rounding_edges_by_hand(value, fp16, bf16):
     assert bits_of(value, "fp16").stored == fp16
 
 
-def tf32_reference(x: np.ndarray) -> np.ndarray:
-    """Round float32 values to 10 mantissa bits with numpy's round-half-even, in float64.
+def nearest_reference(x: np.ndarray, name: str) -> np.ndarray:
+    """Round values to format ``name``'s nearest value with numpy's round-half-even, in float64.
 
-    Written from the definition (value = m * 2^e, spacing 2^(e-10), floored at the
-    subnormal spacing 2^-136), not from the bit pattern the package uses.
+    Written from the definition (value = m * 2^e, spacing 2^(e - mantissa bits), floored at
+    the subnormal spacing; too large: what :attr:`Format.overflows_to` says), not from the
+    casts or bit patterns the package uses. Magnitudes up to 2^(largest exponent + 2).
     """
-    x64 = x.astype(np.float64)
+    f = format_info(name)
+    x64 = np.asarray(x, dtype=np.float64)
     _, e = np.frexp(x64)  # x = m * 2^e with 0.5 <= |m| < 1: the leading bit is 2^(e-1)
-    spacing_exp = np.maximum(e - 1, -126) - 10
+    spacing_exp = np.maximum(e - 1, round(math.log2(f.smallest_normal))) - f.mantissa_bits
     out = np.ldexp(np.rint(np.ldexp(x64, -spacing_exp)), spacing_exp)
-    out = np.where(np.abs(out) > (2 - 2.0**-10) * 2.0**127, np.copysign(np.inf, x64), out)
+    too_large = f.overflows(torch.from_numpy(np.abs(x64))).numpy()
+    out = np.where(too_large, np.copysign(f.overflows_to, x64), out)
     return np.where(np.isfinite(x64), out, x64)
+
+
+def near_ties(name: str, n: int = 4000, seed: int = 0) -> torch.Tensor:
+    """float64 values at and within 2^-40 (relative) of format ``name``'s rounding ties, in
+    every binade from its subnormals to its overflow tie, of both signs: where rounding
+    through float32 first would round twice."""
+    f = format_info(name)
+    g = np.random.default_rng(seed)
+    emin, emax = round(math.log2(f.smallest_normal)), math.floor(math.log2(f.max))
+    e = g.integers(emin - 1, emax + 1, n)  # emin - 1: the subnormals
+    m = g.integers(0, 2**f.mantissa_bits, n) + 0.5
+    ties = np.where(e < emin, m * 2.0 ** (emin - f.mantissa_bits), (1 + m / 2**f.mantissa_bits) * 2.0**e)
+    ties = np.append(ties, [f.flush_below, f.normal_from, f.overflow_from])
+    x = np.concatenate([ties, ties * (1 + 2.0**-40), ties * (1 - 2.0**-40)])
+    return torch.from_numpy(x * np.where(g.random(len(x)) < 0.5, -1.0, 1.0))
 
 
 def test_tf32_matches_an_independent_reference():
@@ -171,10 +194,24 @@ def test_tf32_matches_an_independent_reference():
     big = torch.tensor([3.4e38, 3.40116e38, torch.finfo(torch.float32).max, 1.0, -0.0, 0.0])
     x = torch.cat([x, ties, -ties, sub, big, torch.tensor([math.inf, -math.inf])])
     got = round_to_format(x, "tf32").double().numpy()
-    want = tf32_reference(x.numpy())
+    want = nearest_reference(x.numpy(), "tf32")
     assert np.array_equal(got, want)
     assert np.signbit(got[x.numpy() == 0]).tolist() == np.signbit(x.numpy()[x.numpy() == 0]).tolist()
     assert math.isnan(round_to_format(torch.tensor([math.nan]), "tf32").item())
+
+
+@pytest.mark.parametrize("name", ["tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"])
+def test_float64_values_are_rounded_once(name):
+    """Next to every tie, a float64 value is rounded once, as census classifies it; torch's
+    CPU cast rounds it to float32 first, which goes the wrong way at some of them."""
+    x = near_ties(name)
+    want = nearest_reference(x.numpy(), name)
+    got = round_to_format(x, name).double().numpy()
+    assert np.array_equal(got, want, equal_nan=True)
+    assert all(bits_of(v, name).stored == w or (math.isnan(w) and math.isnan(bits_of(v, name).stored))
+               for v, w in zip(x[::40].tolist(), want[::40].tolist()))
+    if name != "tf32":
+        assert not np.array_equal(x.to(DTYPES[name]).double().numpy(), want, equal_nan=True)
 
 
 def test_tf32_spot_values():
@@ -297,11 +334,14 @@ def test_census_of_a_hand_built_tensor():
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16", "tf32", "fp8_e5m2", "fp8_e4m3"])
-def test_census_agrees_with_rounding(name):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_census_agrees_with_rounding(name, dtype):
     f = format_info(name)
-    edges = torch.tensor([f.flush_below, f.normal_from, f.smallest_normal, f.overflow_from, f.max])
-    near = [edges, torch.nextafter(edges, torch.tensor(math.inf)), torch.nextafter(edges, torch.tensor(0.0))]
-    x = torch.cat([wide_values(30_000, lo=-150, hi=128), *near, *(-e for e in near)])
+    edges = torch.tensor([f.flush_below, f.normal_from, f.smallest_normal, f.overflow_from, f.max], dtype=dtype)
+    near = [edges, torch.nextafter(edges, edges.new_tensor(math.inf)), torch.nextafter(edges, edges.new_tensor(0.0))]
+    x = torch.cat([wide_values(30_000, lo=-150, hi=128).to(dtype), *near, *(-e for e in near)])
+    if dtype == torch.float64:
+        x = torch.cat([x, near_ties(name)])
     r = round_to_format(x, name).double()
     c = census(x, name)
     too_large = x.double().abs() > f.overflow_from  # e4m3fn: 448 or NaN, by release
@@ -361,13 +401,24 @@ def test_loss_scale_checker():
     assert "no answer yet" in str(check_loss_scale("?", g))
     small = check_loss_scale(2.0**4, g)  # 2^-26 flushes, 2^-16 subnormal
     assert not small.passed and "too small" in str(small) and "25 flushed" in str(small)
-    good = check_loss_scale(2.0**16, g)  # 2^-14 .. 2^13: all normal
+    good = check_loss_scale(2.0**16, g)  # 2^-14 .. 2^13: all normal; at 2^15, 2^-15 is subnormal
     assert good.passed and "100.00%" in str(good)
+    assert not check_loss_scale(2.0**15, g).passed and "too many values are still subnormal" in str(
+        check_loss_scale(2.0**15, g))
+    not_smallest = check_loss_scale(2.0**17, g)  # 2^-13 .. 2^14: all normal, but 2^16 does too
+    assert not not_smallest.passed and "2^16 does too: find the smallest" in str(not_smallest)
     big = check_loss_scale(2.0**20, g)  # 2^-3 * 2^20 = 2^17 overflows
     assert not big.passed and "25 values overflow" in str(big)
     assert not check_loss_scale(3000.0 * 16, g).passed
     assert "not a power of two" in str(check_loss_scale(3000.0 * 16, g))
     assert "positive finite" in str(check_loss_scale(-4.0, g))
+
+
+def test_loss_scale_checker_refuses_a_scale_that_still_flushes():
+    g = torch.tensor([2.0**-40] + [2.0**-3] * 199)  # at 2^14: 2^-26 flushes, 99.5% normal
+    at14 = check_loss_scale(2.0**14, g)
+    assert not at14.passed and "1 flushed" in str(at14) and "some gradients still flush to zero" in str(at14)
+    assert check_loss_scale(2.0**16, g).passed  # 2^-24: subnormal, kept; 2^15 would flush it
 
 
 # -- plots (they show what the functions above computed; the widgets: test_widgets.py) -----
@@ -384,6 +435,8 @@ def test_format_ranges_figure():
     assert ax.get_title() == "fp16 covers 40 powers of two; bf16 covers 261, nearly fp32's range"
     assert "log2" in ax.get_xlabel()
     assert [t.get_text() for t in ax.get_yticklabels()] == list(reversed(FORMATS))
+    labels = {t.get_text() for t in ax.texts}
+    assert {"2^-24", "65504 (~2^16)", "2^-149", "3.4e+38 (~2^128)", "448 (~2^8.8)"} <= labels
 
 
 def test_gradient_histogram_title_states_the_census():
@@ -397,6 +450,10 @@ def test_gradient_histogram_title_states_the_census():
                                f"to zero, bf16 {cbf.fraction('flushed'):.2%}")
     assert c16.flushed > 0 and cbf.flushed == 0
     assert ax.get_xlabel() == "log2 |gradient|" and "log scale" in ax.get_ylabel()
+    assert "a bin: 1/4 of a power of two" in ax.get_ylabel()
+    with_zeros = gradient_histogram(torch.cat([g, torch.zeros(7)])).axes[1]
+    assert with_zeros.get_xlabel() == "log2 |gradient|   (the 7 exact zeros have no log2: not drawn)"
+    assert "a bin: one power of two" in gradient_histogram(g, bins_per_octave=1).axes[1].get_ylabel()
     assert [t.get_text() for t in top.get_legend().get_texts()] == ["subnormal range", "normal range"]
     shifted = gradient_histogram(g, 2.0**22).axes[0].get_title()
     over = scaled_census(g, "fp16", 2.0**22).fraction("overflow")

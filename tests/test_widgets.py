@@ -313,6 +313,19 @@ def test_value_in_format_against_torch():
     assert value_in_format("one", "fp16").startswith("type a number")  # shown, not raised
 
 
+@pytest.mark.parametrize("text, stored, kind", [
+    ("65519.9999", "65504.0", "normal"),  # below 65520, the tie: float32 would make it 65520, then inf
+    ("2.98023224e-08", "5.960464477539063e-08", "subnormal"),  # just above 2^-25: float32 would make it the tie, then 0
+])
+def test_value_in_format_rounds_a_typed_value_once_as_census_does(text, stored, kind):
+    from amp_lessons.formats import census
+
+    shown = widgets.value_in_format(text, "fp16")
+    assert f"is stored as {stored}" in shown
+    c = census(torch.tensor([float(text)], dtype=torch.float64), "fp16")
+    assert getattr(c, kind) == 1
+
+
 def test_format_explorer_follows_format_and_value():
     explorer = lesson_function("format_explorer")
     value_in_format = lesson_function("value_in_format")

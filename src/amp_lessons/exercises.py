@@ -43,9 +43,10 @@ class Verdict:
 
 
 def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
-    """01: is ``scale`` a loss scale that puts at least ``target`` of the nonzero ``grads``
-    in fp16's normal range, with none overflowing? It must be a power of two, as
-    GradScaler's are: multiplying by one changes only the exponent, so it rounds nothing.
+    """01: is ``scale`` the smallest loss scale that leaves none of the nonzero ``grads``
+    flushed to zero in fp16, at least ``target`` of them normal, and none overflowing? It
+    must be a power of two, as GradScaler's are: multiplying by one changes only the
+    exponent, so it rounds nothing.
     """
     import math
 
@@ -66,17 +67,22 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     normal = c.fraction("normal")
     # The gradients come from a training run: their counts are figures from float kernels.
     findings.append(f"at {label}: {measured(normal, '.2%')} of the {measured(c.nonzero, ',')} nonzero "
-                    f"gradients are normal in fp16 (the goal: at least {target:.0%}); "
+                    f"gradients are normal in fp16 (the goal: at least {target:.0%}, none flushed); "
                     f"{measured(c.flushed, 'd')} flushed to zero, {measured(c.subnormal, 'd')} subnormal, "
                     f"{measured(c.overflow, 'd')} overflow")
     if c.overflow:
         passed = False
         findings.append(f"too large: {measured(c.overflow, 'd')} values overflow to inf, and one inf makes "
                         "GradScaler skip the whole step; try a smaller power of two")
-    elif normal < target:
+    elif c.flushed or normal < target:
         passed = False
-        findings.append("too small: too many values are still flushed or subnormal; try a "
-                        "larger power of two")
+        lost = "some gradients still flush to zero" if c.flushed else "too many values are still subnormal"
+        findings.append(f"too small: {lost}; try a larger power of two")
+    elif passed and scale / 2 > 0:
+        half = scaled_census(grads, "fp16", scale / 2)
+        if half.flushed == 0 and half.fraction("normal") >= target:  # no overflow: fewer than at scale
+            passed = False
+            findings.append(f"2^{k - 1:.0f} does too: find the smallest power of two that does")
     return Verdict(passed, findings)
 
 

@@ -264,6 +264,21 @@ def _round_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), x, out)
 
 
+def _to_float32_odd(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 rounded to odd: an inexact value gets the neighbour whose last
+    mantissa bit is 1. Rounding that to a format with at least 2 mantissa bits fewer (all
+    but fp32) to nearest-even gives the value rounded once from float64, where two
+    round-to-nearest steps can differ (65519.9999 is 65520 in float32, an fp16 tie that goes
+    to inf; rounded once it is 65504). Boldo and Melquiond, "Emulation of FMA and correctly
+    rounded sums: proved algorithms using rounding to odd", IEEE Trans. Computers, 2008.
+    """
+    f = x.to(torch.float32)
+    inexact = (f.double() != x) & ~torch.isnan(x)
+    even = (f.view(torch.int32) & 1) == 0
+    toward = torch.where(f.double() < x, math.inf, -math.inf).to(torch.float32)
+    return torch.where(inexact & even, torch.nextafter(f, toward), f)
+
+
 def round_to_format(tensor, name) -> torch.Tensor:
     """The values ``tensor`` holds once stored in format ``name``, as a float32 tensor.
 
@@ -271,11 +286,13 @@ def round_to_format(tensor, name) -> torch.Tensor:
     value's mantissa to 10 bits, round-to-nearest-even, as a tensor core reads its inputs
     (hardware may break exact ties differently). Too large: inf; fp8 e4m3fn has no inf, and
     there the cast gives what :func:`e4m3_overflow` reports for this torch release (448 or
-    NaN). A float64 input is rounded to float32 first, as torch's own casts from float64 to
-    16 bits do. Used in 01 and 05.
+    NaN). A float64 input is rounded once, to nearest-even, as :func:`census` classifies it
+    (torch's own CPU cast from float64 to 16 bits rounds to float32 on the way, which can
+    differ by one step: :func:`_to_float32_odd`). Used in 01, 05 and 08.
     """
     fmt = parse_format(name)
-    x = _as_float_tensor(tensor, "the tensor to round").to(torch.float32)
+    x = _as_float_tensor(tensor, "the tensor to round")
+    x = _to_float32_odd(x) if x.dtype == torch.float64 and fmt != "fp32" else x.to(torch.float32)
     if fmt == "tf32":
         return _round_tf32(x)
     return x.to(_DTYPES[fmt]).to(torch.float32)
@@ -284,8 +301,8 @@ def round_to_format(tensor, name) -> torch.Tensor:
 def rounding_error(tensor, name) -> torch.Tensor:
     """|stored - value| / |value| for every nonzero value of ``tensor`` stored in ``name``
     (float64; 1.0 where a value flushed to zero, inf where it overflowed)."""
-    x = _as_float_tensor(tensor, "the tensor").to(torch.float32).flatten()
-    x = x[x != 0].double()
+    x = _as_float_tensor(tensor, "the tensor").flatten().double()
+    x = x[x != 0]
     return (round_to_format(x, name).double() - x).abs() / x.abs()
 
 
@@ -348,7 +365,8 @@ _INT_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 def bits_of(value, name) -> Bits:
-    """Split ``value`` (a number) as stored in format ``name`` into sign/exponent/mantissa."""
+    """Split ``value`` (a number) as stored in format ``name`` into sign/exponent/mantissa.
+    The number is rounded once, from float64 (:func:`round_to_format`)."""
     f = format_info(name)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ValueError(f"value must be a number; got {value!r}")
@@ -356,11 +374,11 @@ def bits_of(value, name) -> Bits:
         raise ValueError(f"value (about 2^{abs(value).bit_length() - 1}) is beyond float64's largest (about 1.8e308): pass a number "
                          "up to 1.8e308, or math.inf")
     x = torch.tensor(float(value), dtype=torch.float64)
+    stored = round_to_format(x, f.name).reshape(1)  # rounded once, as census classifies it
     if f.name == "tf32":
-        stored = round_to_format(x, "tf32").reshape(1)
         pattern = (int(stored.view(torch.int32).item()) & 0xFFFFFFFF) >> 13
     else:
-        stored = x.to(f.dtype).reshape(1)
+        stored = stored.to(f.dtype)  # exact: the value is one of the format's
         width = stored.element_size()
         pattern = int(stored.view(_INT_VIEW[width]).item()) & ((1 << (8 * width)) - 1)
     text = format(pattern, f"0{f.bits}b")

@@ -20,7 +20,9 @@ _REGION = {"flushed": "#e45756", "subnormal": "#f2cf5b", "overflow": "#b279a2"}
 
 
 def format_ranges(names=None, values=None):
-    """01: each format's range on a log2 number line: subnormal band (light), normal (dark).
+    """01: each format's range on a log2 number line: subnormal band (light), normal (dark),
+    labelled with the smallest subnormal (a power of two) and the largest value (with its
+    power of two).
 
     ``values`` (a tensor, e.g. the captured gradients) adds a grey span from its smallest
     to its largest nonzero magnitude.
@@ -37,7 +39,8 @@ def format_ranges(names=None, values=None):
         ax.barh(y, mid - lo, left=lo, height=0.6, color=_BAND["subnormal"])
         ax.barh(y, hi - mid, left=mid, height=0.6, color=_BAND["normal"])
         ax.text(lo - 2, y, f"2^{lo:.0f}", ha="right", va="center", fontsize=8)
-        ax.text(hi + 2, y, f"{f.max:.6g}" if f.max < 1e6 else f"{f.max:.3g}", ha="left", va="center", fontsize=8)
+        top = f"{f.max:.6g}" if f.max < 1e6 else f"{f.max:.3g}"
+        ax.text(hi + 2, y, f"{top} (~2^{float(f'{hi:.1f}'):g})", ha="left", va="center", fontsize=8)
     if values is not None:
         mags = values.detach().cpu().abs().flatten().double()
         mags = mags[mags > 0]
@@ -47,7 +50,7 @@ def format_ranges(names=None, values=None):
             ax.legend(loc="lower right", fontsize=9, frameon=False)
     ax.axvline(0, color="0.3", lw=0.6, ls=":")
     ax.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
-    ax.set_xlim(-195, 150)  # room left of fp32's 2^-149 label, clear of the y-axis ticks
+    ax.set_xlim(-195, 170)  # room for fp32's labels: 2^-149 clear of the y-axis ticks, 3.4e+38 (~2^128)
     ax.set_xlabel("log2 |value|   (x = -24 means 2^-24; light: subnormal, dark: normal)")
     spans = {f.name: math.log2(f.max) - math.log2(f.smallest_subnormal) for f in fmts}
     if "fp16" in spans and "bf16" in spans:
@@ -63,7 +66,8 @@ def format_ranges(names=None, values=None):
 
 def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_per_octave: int = 4,
                        max_scale: float = 2.0**24):
-    """01: the histogram of log2|value| (nonzero values, times ``scale``) under a strip of
+    """01: the histogram of log2|value| (nonzero values, times ``scale``; the x-label counts
+    the exact zeros left out), bins ``1 / bins_per_octave`` of a power of two wide, under a strip of
     each format's subnormal (light) and normal (dark) band, with the narrowest format's
     regions shaded behind the bars: flushed to zero (red), subnormal (yellow), overflow
     (purple), and a key for the strip. The title says which share of the nonzero values each
@@ -115,8 +119,11 @@ def gradient_histogram(values, scale: float = 1.0, names=("fp16", "bf16"), bins_
     ax.set_xlim(lo, hi)
     k = math.log2(scale)
     label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
-    ax.set_xlabel("log2 |gradient|" + ("" if scale == 1 else f" after the loss scale {label}"))
-    ax.set_ylabel("gradient values per bin\n(log scale)")
+    zeros = int((values.detach().flatten() == 0).sum())
+    ax.set_xlabel("log2 |gradient|" + ("" if scale == 1 else f" after the loss scale {label}")
+                  + (f"   (the {zeros:,} exact zeros have no log2: not drawn)" if zeros else ""))
+    width = f"1/{bins_per_octave} of a power of two" if bins_per_octave > 1 else "one power of two"
+    ax.set_ylabel(f"gradient values per bin\n(a bin: {width};\nlog scale)")
     # Where each region starts, in the prose's notation. fp16's strip starts at its smallest
     # subnormal, 2^-24, but only values up to 2^-25 flush: those between round up to 2^-24.
     p2 = lambda v: f"2^{math.log2(v):g}"  # noqa: E731
