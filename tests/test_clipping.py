@@ -493,3 +493,46 @@ def test_checker_does_not_blame_the_weights_on_a_disabled_scaler():
     assert "fixed: the weights end where the reference loop's do" in v.findings
     broken = "\n".join(bugs(check_clipping_loop(broken_clipping_loop, backward_in_autocast_is_a_bug=False)))
     assert "disabled GradScaler" not in broken and "a scaler which is on multiplies" in broken
+
+
+def clip_after_step(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type)
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # too late: the step is taken
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def hard_coded_scaler(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_checker_catches_a_clip_after_the_step_and_a_hard_coded_device():
+    v = check_clipping_loop(clip_after_step, backward_in_autocast_is_a_bug=False)
+    (only,) = bugs(v)
+    assert "24" not in only and "6 of 6 clips ran after scaler.step(opt)" in only
+    v = check_clipping_loop(hard_coded_scaler, backward_in_autocast_is_a_bug=False)
+    (only,) = bugs(v)
+    assert "GradScaler('cpu') names its device" in only

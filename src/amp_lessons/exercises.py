@@ -401,7 +401,7 @@ def check_clipping_loop(train, backward_in_autocast_is_a_bug=None, steps=6, accu
     """
     lr, batch_size = 0.5, 32
     model, before, log, caught, error = _run_clipping_loop(train, steps, accum_steps, lr, batch_size)
-    results = [*_loop_error_finding(error), *_scaler_finding(log), *_clip_finding(log, error),
+    results = [*_loop_error_finding(error), *_scaler_finding(log, train), *_clip_finding(log, error),
                *_call_count_finding(log, error, steps, accum_steps),
                _autocast_answer_finding(log, backward_in_autocast_is_a_bug)]
     if error is None:
@@ -426,7 +426,21 @@ def _loop_error_finding(error) -> list[tuple[bool, str]]:
                  "checked once the loop runs to the end")]
 
 
-def _scaler_finding(log) -> list[tuple[bool, str]]:
+def _hard_coded_device(train) -> str | None:
+    """The device a learner's loop names in ``GradScaler("cpu")`` (or 'cuda'), read from its
+    source; None when it passes a variable, or the source cannot be read."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(train)
+    except (OSError, TypeError):
+        return None
+    found = re.search(r"GradScaler\(\s*(?:device\s*=\s*)?['\"](\w+)['\"]", source)
+    return found.group(1) if found else None
+
+
+def _scaler_finding(log, train=None) -> list[tuple[bool, str]]:
     """04's checker, bug 1: the GradScaler and its device."""
     if not log.scalers:
         return [_bug("no torch.amp.GradScaler(...) call was seen in the loop: fp16 needs one, built there "
@@ -443,6 +457,10 @@ def _scaler_finding(log) -> list[tuple[bool, str]]:
                      "torch.amp.GradScaler(device.type)")]
     if not s["enabled"]:
         return [_bug("the GradScaler is built with enabled=False: fp16 needs it on")]
+    named = _hard_coded_device(train) if train is not None else None
+    if named is not None:
+        return [_bug(f"GradScaler({named!r}) names its device: right on this checker's CPU, wrong on another "
+                     "device. Build it from the device the model is on")]
     return [(True, "fixed: the GradScaler is built for the model's device and is on")]
 
 
@@ -453,6 +471,10 @@ def _clip_finding(log, error) -> list[tuple[bool, str]]:
         return []  # it stopped before the first clip
     if not clips:
         return [_bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt)")]
+    late = _clips_after_step(log)
+    if late:
+        return [_bug(f"{late} of {len(clips)} clips ran after scaler.step(opt), when the optimizer had already "
+                     "applied the gradients: the clip changed nothing the step used. Where must it sit?")]
     if scaled:
         enabled = bool(log.scalers) and log.scalers[0]["enabled"]
         return [_bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt), on gradients "
@@ -460,7 +482,21 @@ def _clip_finding(log, error) -> list[tuple[bool, str]]:
                         "that a scaler which is on multiplies by the loss scale")
                      + ": the threshold acts as max_norm/scale. What must happen to the gradients before "
                      "the clip measures them?")]
-    return [(True, "fixed: every clip runs after scaler.unscale_(opt)")]
+    return [(True, "fixed: every clip runs after scaler.unscale_(opt) and before scaler.step(opt)")]
+
+
+def _clips_after_step(log) -> int:
+    """04's checker: how many clips ran after ``scaler.step`` and before the ``update`` that
+    ends that optimizer step (by call order)."""
+    late, stepped = 0, False
+    for call in log.calls:
+        if call.name == "step":
+            stepped = True
+        elif call.name == "update":
+            stepped = False
+        elif call.name in ("clip_grad_norm_", "clip_grad_value_") and stepped:
+            late += 1
+    return late
 
 
 def _step_calls(log) -> dict[str, int]:
@@ -494,12 +530,14 @@ def _autocast_answer_finding(log, answer) -> tuple[bool, str]:
                        "loop's bugs, one that changes what it computes? Answer with "
                        "backward_in_autocast_is_a_bug=True or False")
     same = backward_inside_autocast_matches(clipping_lesson_model(hidden=32), *digits().batch(0, 32))
-    evidence = (f"measured on this model, its gradients inside and outside are "
-                f"{'identical' if same else 'NOT identical'} bit for bit")
+    evidence = (f"measured on this model on the CPU, where this checker runs it, its gradients inside and "
+                f"outside are {'identical' if same else 'NOT identical'} bit for bit")
     caveat = ("Autocast is still on during a backward called inside it, and acts on backward "
               "ops as on any op: a region the forward ran under autocast(enabled=False), or a "
               "custom autograd Function without custom_bwd (lesson 02), gets 16-bit matmuls "
-              "in its backward. That is why the card and PyTorch's docs put backward outside")
+              "in its backward; and on CUDA, whose autocast keeps sum (the bias gradients' op) in float32, "
+              "the bits may differ there too (not measured here). That is why the card and PyTorch's docs "
+              "put backward outside")
     if answer and same:
         return False, (f"not a bug in this loop ({evidence}): its model has no such region. "
                        f"{caveat}. Your loop runs it {where}")
