@@ -164,8 +164,9 @@ block_trace
 #    `binary_cross_entropy_with_logits`).
 # 3. Every other op is left alone and runs in the dtype its inputs give it. The residual
 #    `add` gets the block's float32 input plus a 16-bit branch, and type promotion makes
-#    that float32 (`<- already fp32`); so both `layer_norm`s got a float32 input. (A short
-#    `promote` list, `cat` and `stack` among it, gets its inputs cast to the widest dtype.)
+#    that float32 (`<- already fp32`), which is why the second `layer_norm`, like the first,
+#    got a float32 input. (A short `promote` list, `cat` and `stack` among it, gets its
+#    inputs cast to the widest dtype.)
 #
 # Not every op promotes. **Predict**: with no autocast, on a CPU, what do a 16-bit
 # activation times a float32 weight, and normalizations of it with float32 weights, give?
