@@ -151,6 +151,38 @@ def test_backward_outside_keeps_weights_and_grads_float32():
     assert {r.dtype for r in backward if r.op == "mm"} == {torch.bfloat16}
     back_to_fp32 = [r for r in backward if r.kind == "cast" and r.dtype == torch.float32]
     assert sorted(r.shape for r in back_to_fp32) == sorted(tuple(p.shape) for p in model.parameters())
+    # autocast is off in backward: its casts are autograd's, one per forward cast of a tensor
+    # that needs a gradient (the input's cast has none)
+    casts = [r for r in backward if r.kind == "cast"]
+    assert [r.cast_by for r in casts] == ["autograd"] * 5 and not any(r.by_autocast for r in casts)
+    assert [r.cast_by for r in tr.casts if r.module != "(backward)"] == ["autocast"] * 6
+    assert sum(ln.split()[-1] == "autograd" for ln in tr.table().splitlines()) == 5
+
+
+def test_backward_inside_tells_autocast_casts_from_autograd_ones():
+    """Called inside the context, backward's own casts of gradients are still autograd's;
+    the casts autocast inserts into a custom backward (a float32 saved input meeting a
+    16-bit gradient) are autocast's."""
+    model, x, y, loss_fn = example("card_model", "cpu")
+    inside = trace_model(model, x, y, loss_fn, dtype=torch.bfloat16, backward="inside")
+    assert {r.cast_by for r in inside.casts if r.module == "(backward)"} == {"autograd"}
+
+    class Plain(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return a @ b
+
+        @staticmethod
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            return grad @ b.T, a.T @ grad
+
+    a, b = _float32(8, 16).requires_grad_(), _float32(16, 4).requires_grad_()
+    tr = trace_fn(lambda: Plain.apply(a, b).float().sum().backward(), device="cpu",
+                  dtype=torch.bfloat16)
+    assert [r.cast_by for r in tr.casts] == ["autocast", "autocast", "explicit", "autograd",
+                                            "autocast", "autocast", "autograd", "autograd"]
 
 
 def test_backward_inside_and_outside_compared():
@@ -253,7 +285,7 @@ def test_table_is_stable_text_and_marks_why_an_op_is_float32():
         ["2", "Linear", "2", "addmm", "-", "-"],
         ["(loss)", "-", "1", "-", "_log_softmax", "nll_loss_forward"],
     ]
-    assert repr(a).startswith("<Trace: Sequential on cpu, autocast torch.bfloat16: 5 computing")
+    assert repr(a).startswith("<Trace: card_model on cpu, autocast torch.bfloat16: 5 computing")
     assert "1 autocast put in float32, 1 were float32 already, 6 casts" in a.headline()
 
 
@@ -713,7 +745,8 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
         if "right" not in finding:
             assert short(dtype) not in finding and "fp32" not in finding, finding
     gn = next(f for f in verdict.findings if f.startswith("native_group_norm"))
-    assert "Rule 3" in gn and "dtype its input already had" in gn and "fp32" not in gn
+    assert "Rule 3" in gn and "dtype its inputs gave it" in gn and "follows its input" in gn
+    assert "fp32" not in gn
     conv = next(f for f in verdict.findings if f.startswith("convolution"))
     assert "Rule 1" in conv and "lower-precision list" in conv
     assert sum("right" in f for f in verdict.findings) == 2
@@ -723,7 +756,11 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
     assert not check_dtype_predictions(dict(right, gelu=other), tr).passed
     unanswered = check_dtype_predictions(dict.fromkeys(right, "?"), tr)
     assert not unanswered.passed and all("no prediction yet" in f for f in unanswered.findings)
-    assert not check_dtype_predictions(dict(right, gelu="fp61"), tr).passed
+    for guess in ("fp61", "fp64", torch.float64):  # fp64 is a dtype, just not an answer here
+        (bad,) = [f for f in check_dtype_predictions(dict(right, gelu=guess), tr).findings
+                  if f.startswith("gelu")]
+        assert bad == (f"gelu: {guess!r} is not one of this exercise's answers; "
+                       "write 'fp32', 'bf16' or 'fp16'")
     absent = check_dtype_predictions({"softmax": "fp32"}, tr, ops=None)
     assert not absent.passed and any("softmax: did not run" in f for f in absent.findings)
     assert not check_dtype_predictions({}, tr).passed
@@ -780,7 +817,7 @@ def test_autocast_explorer_rerenders_on_a_new_dtype():
     which, prec, dev = box.children[:3]
     assert list(dev.options) == available_devices()
     assert [label for label, _ in prec.options] == ["bfloat16", "float16"]
-    assert "torch.bfloat16" in box.view.value and "Sequential" in box.view.value
+    assert "torch.bfloat16" in box.view.value and "card_model on cpu" in box.view.value
     prec.value = "fp16"
     assert "torch.float16" in box.view.value
     which.value = "TransformerBlock"

@@ -420,7 +420,7 @@ def test_loss_scale_explorer_without_histogram():
 def test_autocast_table_traces_the_card_model_on_cpu():
     autocast_table = lesson_function("autocast_table")
     text = autocast_table("card_model", "fp16", "cpu")
-    assert text.startswith("Sequential on cpu, autocast torch.float16")
+    assert text.startswith("card_model on cpu, autocast torch.float16")
     rows = [line.split() for line in text.split("\n\n")[1].splitlines()[1:]]
     ops = {row[2]: row for row in rows}
     assert ops["addmm"][3:6] == ["fp16", "fp16", "fp16"]  # the matmul ran in 16-bit

@@ -125,7 +125,8 @@ def _rule_hint(op: str, record, device: str) -> str:
         return (f"{op}: not yet. Rule 2 decided this one: autocast stepped in for it. What does "
                 f"autocast do with ops on {device}'s float32 list?")
     return (f"{op}: not yet. Rule 3 decided this one: autocast left it alone on {device}, so it "
-            "ran in the dtype its input already had. Which dtype did the op before it produce?")
+            "ran in the dtype its inputs gave it (a normalization follows its input, not its "
+            "float32 weight). Which dtype did the op before it produce?")
 
 
 def _parse_guess(op: str, guess):
@@ -135,7 +136,7 @@ def _parse_guess(op: str, guess):
     try:
         name = parse_precision(guess)
     except ValueError:
-        return None, f"{op}: {guess!r} is not a dtype; {_DTYPE_ANSWERS}"
+        return None, f"{op}: {guess!r} is not one of this exercise's answers; {_DTYPE_ANSWERS}"
     if name == "tf32":
         return None, (f"{op}: 'tf32' is not a dtype a tensor can have: TF32 is a mode of float32 "
                       "matmuls (NVIDIA GPUs from Ampere on; x86 CPUs with AMX-FP16, through oneDNN): "

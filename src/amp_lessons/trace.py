@@ -81,6 +81,7 @@ class OpRecord:
     shape: tuple[int, ...]           # shape of the first result
     kind: str                        # "cast", "layout" (view, clone) or "compute"
     by_autocast: bool = False        # a cast autocast inserted, or an op whose dtype autocast chose
+    cast_by: str = ""                # a cast's origin: "autocast", "explicit" or "autograd"
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -245,12 +246,11 @@ class Trace:
             head.insert(1, "module")
         rows, recs = [], self.rows(layout)
         for i, r in enumerate(recs, 1):
-            cast = "" if r.kind != "cast" else "autocast" if r.by_autocast else "explicit"
             cells = [
                 str(i), r.op, " ".join(short(d) for d in r.inputs) or "-",
                 short(r.dtype) if r.outputs else "-",
                 "[" + ",".join(str(s) for s in r.shape) + "]",
-                cast, r.mark,
+                r.cast_by, r.mark,
             ]
             if self.model is not None:
                 cells.insert(1, r.module)
@@ -268,9 +268,10 @@ class Trace:
     def table(self, layout: bool = False) -> str:
         """One row per op. The last column marks float32 computing ops: ``<- autocast fp32``
         (autocast made it float32) or ``<- already fp32`` (its inputs were float32 already).
-        The cast column says who inserted each ``_to_copy`` cast: ``autocast`` or the code
-        itself (``explicit``, e.g. ``h.float()``). Views and clones (which compute nothing)
-        are left out unless ``layout=True``.
+        The cast column says who inserted each ``_to_copy`` cast: ``autocast``, the code or
+        the op itself (``explicit``, e.g. ``h.float()``), or the backward pass (``autograd``:
+        a forward cast's backward casts the gradient back). Views and clones (which compute
+        nothing) are left out unless ``layout=True``.
         """
         head, rows, _ = self._columns(layout)
         widths = [max(len(x) for x in col) for col in zip(head, *rows)]
@@ -325,21 +326,26 @@ def _names(dtypes) -> str:
 
 class _Calls(TorchFunctionMode):
     """Remembers the Python-level torch call in progress (the outermost one), so the
-    recorder can tell a cast the code asked for (``.float()``, ``dtype=``) from autocast's."""
+    recorder can tell a cast the code asked for (``.float()``, ``dtype=``) from autocast's,
+    and whether autocast was on when the call began (inside a call, autocast's own kernels
+    turn it off while they cast, so the state must be read before)."""
 
-    def __init__(self):
+    def __init__(self, device_type: str):
         super().__init__()
+        self.device_type = device_type
         self.explicit = False  # the running call is a cast method or passed a dtype
+        self.autocast: bool | None = None  # autocast on at the call's start; None: no call running
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        before = self.explicit
+        before = self.explicit, self.autocast
         self.explicit = (getattr(func, "__name__", "") in _CAST_CALLS
                          or any(isinstance(a, torch.dtype) for a in tree_leaves((args, kwargs))))
+        self.autocast = torch.is_autocast_enabled(self.device_type)
         try:
             return func(*args, **kwargs)
         finally:
-            self.explicit = before
+            self.explicit, self.autocast = before
 
 
 class _OwnCasts:
@@ -440,11 +446,16 @@ class _Recorder(TorchDispatchMode):
         outs = tuple(t.dtype for t in res)
         kind = _kind(func, ins, outs)
         fed = any(self._marked(t) for t in tensors_in)
-        autocast_on = self.trace.dtype is not None and not self.calls.explicit
+        autocast_on = (self.trace.dtype is not None and self.calls.autocast is not False
+                       and not self.calls.explicit)
+        cast_by = ""
         if kind == "cast":
             by_autocast = autocast_on and not self.own.passing
             if by_autocast or (autocast_on and self.own.for_autocast):
                 self._mark(res)
+            in_backward = torch._C._current_graph_task_id() != -1
+            cast_by = ("autocast" if by_autocast else
+                       "autograd" if in_backward and not self.calls.explicit else "explicit")
         elif kind == "layout":
             by_autocast = False
             if fed:
@@ -457,6 +468,7 @@ class _Recorder(TorchDispatchMode):
         self.trace.records.append(OpRecord(
             op=func.overloadpacket.__name__, module=self.where(), inputs=ins, outputs=outs,
             shape=tuple(res[0].shape) if res else (), kind=kind, by_autocast=by_autocast,
+            cast_by=cast_by,
         ))
         return out
 
@@ -482,7 +494,7 @@ class _Tracer:
                     self.trace.types[label] = type(mod).__name__
                     handles.append(mod.register_forward_pre_hook(self._push(label)))
                     handles.append(mod.register_forward_hook(self._pop, always_call=True))
-            calls, own = _Calls(), _OwnCasts()
+            calls, own = _Calls(self.trace.device), _OwnCasts()
             with own, calls, _Recorder(self.trace, self.where, calls, own):
                 yield self
         finally:
@@ -767,11 +779,14 @@ def example(name: str = "card_model", device=None, seed: int = 0):
 
 def trace_example(name: str = "card_model", dtype=torch.bfloat16, device=None,
                   backward: str | None = None, simulate: bool = False) -> Trace:
-    """:func:`trace_model` on :func:`example` ``(name, device)``; ``simulate=True`` replays
-    ``device`` (built on the CPU, traced as FakeTensors on ``device``)."""
+    """:func:`trace_model` on :func:`example` ``(name, device)``, labelled ``name`` (as in
+    the figures and the widget); ``simulate=True`` replays ``device`` (built on the CPU,
+    traced as FakeTensors on ``device``)."""
     model, x, target, loss_fn = example(name, "cpu" if simulate else device)
-    return trace_model(model, x, target, loss_fn, dtype=dtype, backward=backward,
-                       device=device if simulate else None, simulate=simulate)
+    trace = trace_model(model, x, target, loss_fn, dtype=dtype, backward=backward,
+                        device=device if simulate else None, simulate=simulate)
+    trace.model = name
+    return trace
 
 
 def lesson_dtype(report=None) -> torch.dtype:
