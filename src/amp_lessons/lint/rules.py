@@ -98,7 +98,7 @@ class Rule:
     example: str
     fix: str
     check: Callable[[Context], Iterator[tuple[int, str]]]
-    kind: str = "mistake"  # or "note": a convention, not a wrong result
+    kind: str = "mistake"  # or "note": a convention the source alone cannot show to change a result
 
 
 # --- whole-file rules ------------------------------------------------------------------------
@@ -676,7 +676,7 @@ RULES: tuple[Rule, ...] = (
          "scaler = torch.amp.GradScaler('cuda')\nwith torch.autocast('cuda', dtype=torch.float16):\n"
          "    loss = model(x)\nscaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()\n",
          fp16_without_scaler),
-    Rule("backward-in-autocast", "02_autocast", "backward() inside the autocast block (a convention)",
+    Rule("backward-in-autocast", "02_autocast", "backward() inside the autocast block (a note)",
          "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\n    loss.backward()\n",
          "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\nloss.backward()\n",
          backward_in_autocast, "note"),
