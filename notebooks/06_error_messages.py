@@ -22,16 +22,14 @@
 # the loop that makes it, why, and the fix running. Five of the mistakes print no message
 # at all (a skipped step after the first, an optimizer's gradients off by a power of two, an
 # overflow to inf, an unscaled gradient penalty, bfloat16 on a T4 that reports it
-# supported), and those are the ones to fear. Then a checker,
-# `python -m amp_lessons lint`, that reads a training loop's source and names the mistakes
-# it can see without running it.
+# supported): the ones to fear. Then a checker, `python -m amp_lessons lint`, that names
+# the mistakes it can see in a training loop's source without running it.
 #
-# Every loop runs on the CPU (a tiny 8 -> 16 -> 4 network), so the messages, printed as this
-# torch release words them, are the same on every machine. The CUDA ones are labelled
-# *replayed* (CUDA autocast's dispatch on fake CUDA tensors), *simulated* (a GPU's device
-# queries) or *quoted* (with the torch file that prints them); on a GPU,
-# `python -m amp_lessons selfcheck` runs section 10 for real, and section 11 on a
-# pre-Ampere GPU.
+# Every loop runs on the CPU (a tiny 8 -> 16 -> 4 network), so the messages, as this torch
+# release words them, are the same on every machine. The CUDA ones are *replayed* (CUDA
+# autocast's dispatch on fake CUDA tensors), *simulated* (a GPU's device queries) or
+# *quoted* (with the torch file that prints them); on a GPU, `python -m amp_lessons
+# selfcheck` runs section 10 for real, and section 11 on a pre-Ampere GPU.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -106,12 +104,11 @@ print(errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at=2))
 # %% [markdown]
 # No warning, and the same harm: the schedule is a step ahead of the training. Why: when a
 # scheduler is created it wraps `optimizer.step` to note that it ran, and its first
-# `step()` warns if it never did. GradScaler skips a step by not calling `optimizer.step`.
-# Only the scheduler's first call is checked, so a later skip moves the schedule on in
-# silence. Lesson 03 shows the skipped steps themselves. The fix steps the scheduler only
-# when the scale did not drop. `get_scale()` copies the scale to the CPU, and on CUDA that
-# waits for the GPU to finish the step (a sync; `torch/amp/grad_scaler.py`). So the fix
-# reads it once per step and keeps the last value, rather than reading it before and after:
+# `step()` warns if it never did. GradScaler skips a step by not calling `optimizer.step`,
+# and only the scheduler's first call is checked, so a later skip moves the schedule on in
+# silence. With one optimizer, the fix steps the scheduler only when the scale did not drop
+# (several: section 3). `get_scale()` copies the scale to the CPU, and on CUDA that waits
+# for the GPU (a sync; `torch/amp/grad_scaler.py`), so the fix reads it once per step:
 
 # %%
 fixed = errors.train_stepping_scheduler_after_real_steps
@@ -132,15 +129,18 @@ for skip_at in (0, 2):
 print(inspect.getsource(errors.accumulate_unscaling_every_micro_batch))
 
 # %%
+fed = []  # the micro-batches the loop took
 with expect_error(RuntimeError):
-    errors.accumulation_run(errors.accumulate_unscaling_every_micro_batch)
+    errors.accumulation_run(errors.accumulate_unscaling_every_micro_batch, fed=fed)
+print(f"raised in micro-batch {len(fed)} of 4")
 
 # %% [markdown]
-# The second. `unscale_` divides the gradients by the scale in place and records that it
-# did; a second call before `update()` would divide them again, so GradScaler refuses.
-# After the first micro-batch nothing is wrong yet. The fix is lesson 04's recipe,
-# `clipping.accumulate`: backward on every micro-batch, `unscale_` and the clip once,
-# after the last one.
+# `unscale_` divides the gradients by the scale in place and records that it did, and
+# GradScaler refuses a second call before `update()`. By then the second backward has added
+# gradients multiplied by the scale onto the first micro-batch's unscaled ones, and the
+# first clip measured that micro-batch's share alone. The fix is lesson 04's recipe,
+# `clipping.accumulate`: backward on every micro-batch, `unscale_` and the clip once, after
+# the last one.
 
 # %%
 from amp_lessons import clipping
@@ -170,10 +170,9 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 # %% [markdown]
 # `update()` doubled the scale between the two `step` calls, so model 2's gradients, made
 # at the old scale, were divided by the new one: model 2's gradients are half what they
-# should be (with SGD, as here, so is its step; Adam's normalised step mostly absorbs a
-# constant factor), and the scale
-# grows twice per iteration instead of once. With the default
-# interval (2000) growth is rare, but an overflow changes the scale too, the other way.
+# should be (with SGD, as here, so is its step), and the scale grows twice per iteration
+# instead of once. With the default interval (2000) growth is rare, but an overflow changes
+# the scale too, the other way.
 # One step with the default interval and an inf in model 1's gradient only; then in both:
 
 # %%
@@ -186,13 +185,19 @@ for overflow in ((0,), (0, 1)):
 # Model 1's step is skipped and `update()` halves the scale before model 2's `step`:
 # model 2, made at 1024 and unscaled by 512, takes a step twice as large as it should. When
 # both overflow, both are skipped and the scale drops 4x in one iteration. The PyTorch AMP
-# examples' rule: `scaler.step(opt)` for each optimizer, then `scaler.update()` once.
+# examples' rule: `scaler.step(opt)` for each optimizer, then `scaler.update()` once. Here
+# with model 1's inf at the first step again:
 
 # %%
 print(errors.fix_diff(errors.step_two_optimizers_updating_each, errors.step_two_optimizers))
-print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two_optimizers)))
+print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two_optimizers, overflow=(0,))))
 
 # %% [markdown]
+# Model 2 stepped at its true gradient, yet the scale dropped: one optimizer's inf lowers
+# it for all, so the scale cannot say which optimizer stepped. Step each lr scheduler when
+# its own optimizer did: `opt.register_step_post_hook(fn)` calls `fn` after each step that
+# ran (not a `fused=True` optimizer's, which GradScaler calls at every step; Sources).
+#
 # ## 4. "Attempting to unscale FP16 gradients."
 #
 # The model converted to float16 with `model.half()`, then trained with a GradScaler
@@ -248,14 +253,10 @@ with expect_error(RuntimeError):
     torch.nn.functional.linear(h, head.weight)  # no bias
 
 # %% [markdown]
-# So search for "same dtype". On CUDA (quoted, not run here), a `Linear` with a bias on a
-# 2-D input says the same as the CPU: `linear` calls `addmm` there
-# (`aten/src/ATen/native/Linear.cpp`), and `addmm`'s dtype check, `ADDMM_META` under
-# `TORCH_META_FUNC(addmm)` in `aten/src/ATen/native/LinearAlgebra.cpp`, runs for every
-# device before its kernel. The bias-free path says
-# `expected mat1 and mat2 to have the same dtype, but got: ...` (`addmm_out_cuda_impl` in
-# `aten/src/ATen/native/cuda/Blas.cpp`). Two fixes: run the head
-# under autocast too, or cast at the edge (`head(h.float())`) when it must stay float32.
+# So search for "same dtype". On CUDA (by source, not run here) a `Linear` with a bias on
+# a 2-D input says what the CPU says; without one, `expected mat1 and mat2 to have the same
+# dtype, but got: ...` (Sources). Two fixes: run the head under autocast too, or cast at
+# the edge (`head(h.float())`) when it must stay float32.
 
 # %%
 print(errors.fix_diff(errors.head_outside_autocast, errors.head_inside_autocast))
@@ -263,8 +264,8 @@ print(errors.head_inside_autocast(body, head, x, dtype=torch.bfloat16).dtype)
 print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 
 # %% [markdown]
-# A convolution says it in its own words. The same loop, with a convolutional body and
-# head:
+# A convolution says it in its own words, on every device (it checks the bias's dtype
+# before it picks a backend: Sources). The same loop, with a convolutional body and head:
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -287,21 +288,22 @@ q = k = v = torch.full((4, d), value)
 print(errors.overflow_report(*errors.attention(q, k, v, dtype=torch.float16)))
 
 # %% [markdown]
-# The matmul runs in float16 under autocast and its result overflows to inf. Softmax
-# subtracts each row's largest score before exponentiating, and inf minus inf is NaN; from
-# there every value downstream is NaN, the loss too. With a GradScaler, the step of that
-# batch is skipped and the scale halved. The scale multiplies only the loss, after the
-# forward, so halving it does not undo an overflow in the forward: if the inf comes back on
-# every batch, every step is skipped and the scale falls step after step, which lesson
-# 03's `Trainer` stops. A long reduction outside autocast overflows the same way:
+# The matmul runs in float16 under autocast and overflows to inf before `attention`
+# divides the scores by sqrt(d) after it, the usual place. Softmax subtracts each row's
+# largest score before exponentiating, and inf minus inf is NaN; from there every value
+# downstream is NaN, the loss too. With a GradScaler, that batch's step is skipped and the
+# scale halved. The scale multiplies only the loss, after the forward, so halving it does
+# not undo an overflow in the forward: an inf on every batch skips every step and the scale
+# falls and falls (lesson 03's `Trainer` stops that). A long reduction outside autocast
+# overflows the same way:
 
 # %%
 ones = torch.ones(70_000, dtype=torch.float16)
 print(ones.sum(), ones.sum(dtype=torch.float32))
 
 # %% [markdown]
-# Two fixes: bfloat16, whose range is float32's; or keep the sum small, here by scaling
-# the queries by 1/sqrt(d) *before* the matmul rather than after. For a reduction, ask for
+# Two fixes: bfloat16, whose range is float32's; or keep the sum small, here by dividing
+# the queries by sqrt(d) *before* the matmul (`scale_first=True`). For a reduction, ask for
 # a float32 accumulator and result (`sum(dtype=torch.float32)`).
 
 # %%
@@ -342,10 +344,9 @@ print("FutureWarnings from torch.amp.autocast, torch.autocast, torch.amp.GradSca
       errors.current_spellings_warnings())
 
 # %% [markdown]
-# On a machine without CUDA, `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`
-# also warn that CUDA is not available and disable themselves; those warnings depend on
-# the machine and are left out above. The `torch.amp` spellings take the device as their
-# first argument and raise no FutureWarning (the last line, for device "cpu").
+# Without CUDA, the two `torch.cuda.amp` ones also warn that CUDA is not available and
+# disable themselves (left out above: it depends on the machine). The `torch.amp` spellings
+# take the device first and raise no FutureWarning (the last line, for device "cpu").
 #
 # ## 8. `GradScaler()` without a device: off, with one warning
 #
@@ -358,12 +359,11 @@ print("FutureWarnings from torch.amp.autocast, torch.autocast, torch.amp.GradSca
 print(errors.default_scaler_report())
 
 # %% [markdown]
-# The loss comes back unscaled. If the loop's autocast is `torch.autocast("cpu",
-# dtype=torch.float16)`, training goes on in float16 without a scaler: lesson 03's flushed
-# gradients, with no error and one warning that is easy to miss in a log. A loop that also
-# writes `torch.autocast("cuda")` has its autocast switched off on that machine too (it
-# warns "CUDA is not available ... Disabling autocast") and trains in float32, only
-# slower than it could. Pass the device, as every lesson does:
+# The loss comes back unscaled. Under `torch.autocast("cpu", dtype=torch.float16)`,
+# training goes on in float16 without a scaler: lesson 03's flushed gradients, with one
+# warning that is easy to miss in a log. Under `torch.autocast("cuda")`, autocast is off
+# on that machine too (it warns "CUDA is not available ... Disabling autocast"), and the
+# loop trains in float32. Pass the device, as every lesson does:
 
 # %%
 scaler = torch.amp.GradScaler("cpu")
@@ -424,8 +424,8 @@ print(at_least("after 24 steps the cross entropy is at least 5x that of the run 
 # %% [markdown]
 # That is the real danger: no message, a few skipped steps that look like GradScaler
 # finding its scale (lesson 03), and then training goes on with the penalty the first check
-# measured, S being the scale it settled at. The loss the penalty was meant to regularize
-# ends far above that of the run that unscales.
+# measured, S times too large, S being each step's scale. The loss the penalty was meant to
+# regularize ends far above that of the run that unscales.
 #
 # ## 10. "binary_cross_entropy ... unsafe to autocast"
 #
@@ -466,24 +466,21 @@ errors.cuda_bce_raises(device)
 #
 # Colab's free T4 (compute capability 7.5) has no bfloat16 hardware, yet
 # `torch.cuda.is_bf16_supported()` says True (pytorch/pytorch#148322 discusses it).
-# `simulated_t4` makes torch's device queries answer as a T4 does; `is_bf16_supported`
-# itself is left alone, so its own logic gives the answers. **Predict** both:
+# `simulated_t4` answers torch's device queries as a T4 does, the test that makes a
+# bfloat16 tensor on the GPU included (a T4 can: True); `is_bf16_supported` itself runs
+# unpatched. **Predict** both:
 
 # %%
 for question, answer in errors.t4_bf16_answers().items():
     print(f"{question:<58} {answer}")
 
 # %% [markdown]
-# Below compute capability 8.0, `is_bf16_supported()` tries to make a bfloat16 tensor on
-# the GPU; a T4 can hold one, so the answer is True. It has no bfloat16 arithmetic: CUDA
-# carries out bf16 math through float32 below compute capability 8.0.
-# `including_emulation=False` asks about the hardware. The course's hardware report
-# (`python -m amp_lessons doctor`, lesson 00) asks that way and recommends float16 with a
-# GradScaler there. Convolutions are a further question: PyTorch sends a bfloat16
-# convolution to cuDNN only from compute capability 8.0 (pytorch/pytorch#81139), and one
-# project reports its T4 CI failing at a depthwise `Conv2d` in bfloat16
-# (huggingface/diffusers#14688). This lesson runs neither; on a T4, prefer float16 with a
-# GradScaler. On a pre-Ampere GPU the verdict below runs for real:
+# Below compute capability 8.0, `is_bf16_supported()` answers whether a bfloat16 tensor
+# can be made, not whether the GPU computes in bfloat16: CUDA carries out bf16 math through
+# float32 there. `including_emulation=False` asks about the hardware, as the course's
+# hardware report does (`python -m amp_lessons doctor`, lesson 00), which recommends float16
+# with a GradScaler. A bfloat16 depthwise `Conv2d` failed in one project's T4 CI (Sources).
+# On a pre-Ampere GPU the verdict below runs for real:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -543,11 +540,9 @@ with expect_error(RuntimeError):
 #
 # ## The loop checker
 #
-# `check_loop` reads a loop's source with Python's own parser (`ast`), never running it
-# (and without importing torch), and follows the calls in order: which scaler, optimizer
-# and scheduler each call is on, inside which loop, `with` block and arm of an `if` (in
-# the `else:` of `if scaler is not None:` there is no scaler). Each mistake it names is
-# one rule, with the lesson that shows it:
+# `check_loop` reads a loop's source with Python's parser (`ast`), never running it, and
+# follows the calls in order: on which scaler, optimizer and scheduler, inside which loop,
+# `with` block and arm of an `if`. Each mistake it names is one rule, with its lesson:
 
 # %%
 from amp_lessons.lint import RULES
@@ -571,14 +566,13 @@ print(listing(source))
 check_loop(source)
 
 # %% [markdown]
-# Lesson 04's three bugs, and one *note*, line 12 (`backward-in-autocast`, "a convention,
-# not a numerical bug"): `backward()` inside autocast gives the same gradients (04
-# measured it) and only breaks the convention. The same check runs from a
-# shell, on files, notebooks (cell by cell) and directories (recursively):
+# Lesson 04's three bugs, and one *note*, line 12 (`backward-in-autocast`): lesson 04
+# measured the same gradients inside and outside for its model; the note says where they
+# may differ. From a shell, on files, notebooks (cell by cell) and directories,
 # `python -m amp_lessons lint train.py` prints one line per finding and exits with 1 when
 # it finds a mistake (notes alone exit 0), 2 when a file cannot be read or parsed (it
-# names the file and goes on to the next). `--format json` prints the same for an editor
-# or CI, and the repository's `.pre-commit-hooks.yaml` runs it from pre-commit:
+# names the file and goes on). `--format json` prints the same for an editor or CI, and
+# the repository's `.pre-commit-hooks.yaml` runs it from pre-commit:
 
 # %%
 import contextlib
@@ -597,8 +591,7 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # %% [markdown]
 # What it cannot see is what happens at run time: an overflow (6), a dtype at the autocast
 # edge (5), a penalty built from scaled gradients (9), a device's autocast lists (10) and
-# what it answers about bfloat16 (11).
-# For those, the messages above.
+# what it answers about bfloat16 (11). For those, the messages above.
 #
 # ## The index
 #
@@ -608,24 +601,27 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # | (none) the schedule a step ahead of the training | a skipped step after the first, and the scheduler stepped anyway | 03, section 1 |
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | 04, section 2 |
 # | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` after each optimizer's step | section 3 |
+# | (none) a scheduler falls behind its optimizer | schedulers stepped on the shared scale; one model overflowed | section 3 |
 # | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | 05, section 4 |
-# | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA too, by source: the check runs before the kernel; a `Linear` with bias, 2-D input); `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU, no bias); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, no bias) | a 16-bit activation meets float32 weights outside autocast | 02, section 5 |
-# | `Input type (c10::BFloat16) and bias type (float) should be the same` (CPU; CUDA's wording not checked) | the same, at a convolution | section 5 |
+# | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | 02, section 5 |
+# | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU) | the same, at a `Linear` without a bias | section 5 |
+# | `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
+# | `Input type (c10::BFloat16) and bias type (float) should be the same` (every device, by source) | the same, at a convolution with a bias | section 5 |
 # | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | 01, 03, section 6 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
 # | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | 03, section 8 |
 # | (none) the first steps skipped, then a penalty S times too large | a gradient penalty from scaled gradients | section 9 |
 # | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | 02, section 10 |
-# | (none) bf16 "supported" on a T4, yet emulated: slow (and a bfloat16 convolution reported failing in one project's CI) | `is_bf16_supported()` counts emulation | 00, section 11 |
+# | (none) bf16 "supported" on a T4, yet emulated: slow (and a bfloat16 depthwise convolution failing in one project's CI) | `is_bf16_supported()` counts emulation | 00, section 11 |
 # | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on an optimizer whose parameters have no gradients | section 12 |
 # | `expected scalar type BFloat16 but found Float` (CPU; CUDA's wording not checked) | one op's inputs in two dtypes (a `.to(torch.bfloat16)` model, float32 class weights) | section 12 |
 # | `Current CUDA Device does not support bfloat16. Please switch dtype to float16.` | bf16 CUDA autocast where `is_bf16_supported()` is False | section 12 |
 #
 # ## Remember
 #
-# - Step the lr scheduler only when the scale did not drop; the warning only comes when
-#   the *first* step is skipped.
+# - Step each lr scheduler only after its own optimizer stepped (one optimizer: the scale
+#   did not drop; several: ask each); the warning comes only when the *first* step is skipped.
 # - `unscale_` once per optimizer step, after the last backward; `scaler.step(opt)` for
 #   each optimizer, `scaler.update()` once per iteration.
 # - Keep float32 weights with a GradScaler; let autocast do the casting, and keep a
@@ -637,11 +633,10 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # - Five of these mistakes print nothing: a later skipped step, `update()` per optimizer,
 #   an overflow to inf in a long sum, an unscaled penalty (a few skipped steps, then
 #   training on a penalty S times too large), bfloat16 on a T4 that reports it supported.
-#   A scaler switched off by `GradScaler()` on a machine without CUDA prints one
-#   warning, easy to miss in a log. Run `python -m amp_lessons lint` on your training
-#   script.
-# - A NaN loss in float16 often starts as an inf in a long sum: look for the first inf
-#   before blaming the learning rate.
+#   A scaler switched off by `GradScaler()` on a machine without CUDA prints one warning,
+#   easy to miss in a log. Run `python -m amp_lessons lint` on your training script.
+# - A NaN loss in float16: look for the first inf (section 6's long sums) before blaming
+#   the learning rate.
 # - On CUDA, use `BCEWithLogitsLoss`; on a T4, ask `is_bf16_supported(including_emulation=False)`.
 # - Reading `scaler.get_scale()` on CUDA waits for the GPU; read it once per step at most.
 
@@ -659,10 +654,10 @@ print(listing(inspect.getsource(two_model_loop_as_given)))
 # %% [markdown]
 # Copy it into the cell below as `def my_loop(models, optimizers, schedulers, batches):`
 # and fix it. The checker runs your loop on two tiny networks for four batches, the first
-# and the third holding an inf, as on a machine without CUDA (so that it says the same on every machine),
-# records the GradScaler and its calls, counts each optimizer's and scheduler's steps, and
-# reads your source with `check_loop`; it names the kind of each mistake and the section
-# that shows it. As given, it checks the loop above:
+# and the third holding an inf, model 1's gradient alone overflowing at the fourth, as on a
+# machine without CUDA (the same on every machine); it counts each optimizer's and
+# scheduler's steps and reads your source with `check_loop`, and names the kind of each
+# mistake and the section that shows it. As given, it checks the loop above:
 
 # %%
 my_loop = two_model_loop_as_given  # replace with your own: def my_loop(models, optimizers, schedulers, batches): ...
@@ -684,8 +679,13 @@ check_two_model_loop(my_loop)
 # - CUDA autocast refuses `binary_cross_entropy`: `aten/src/ATen/autocast_mode.cpp` (its
 #   banned list) and the Autocast Op Reference in `docs/source/amp.md`; pytorch/pytorch#61098.
 # - bf16 on a T4: pytorch/pytorch#148322; bf16 arithmetic through float32 below compute
-#   capability 8.0: CUDA's `cuda_bf16.hpp`; bfloat16 convolutions and cuDNN below compute
-#   capability 8.0: pytorch/pytorch#81139, huggingface/diffusers#14688.
+#   capability 8.0: CUDA's `cuda_bf16.hpp`; a bfloat16 depthwise `Conv2d` failing in cuDNN
+#   on a T4: huggingface/diffusers#14688. In `aten/src/ATen/native/Convolution.cpp`,
+#   `use_cudnn` takes bfloat16 only from compute capability 8.0, `use_cudnn_depthwise` takes
+#   a channels_last depthwise one without that test, and `conv1d`/`conv2d`/`conv3d` check
+#   the bias's dtype before any backend is chosen.
+# - Step post-hooks run after each step that ran (`torch/optim/optimizer.py`); GradScaler
+#   calls a `fused=True` optimizer at every step (`torch/amp/grad_scaler.py`).
 # - A `Linear` with a bias on 2-D input calls `addmm` (`aten/src/ATen/native/Linear.cpp`),
 #   whose dtype check runs for every device before its kernel: `ADDMM_META`,
 #   `TORCH_META_FUNC(addmm)`, `aten/src/ATen/native/LinearAlgebra.cpp`.

@@ -26,6 +26,16 @@ def test_scheduler_warns_only_when_the_first_step_is_skipped():
     assert str(later) == "0 warnings; AdamW stepped 3 times, the scheduler 4 times; lr now 0.000625"
 
 
+def test_accumulation_run_notes_the_micro_batches_taken_before_it_raised():
+    fed = []
+    with pytest.raises(RuntimeError, match="unscale_"):
+        errors.accumulation_run(errors.accumulate_unscaling_every_micro_batch, fed=fed)
+    assert fed == [0, 1]
+    fed = []
+    errors.accumulation_run(clipping.accumulate, fed=fed)
+    assert fed == [0, 1, 2, 3]
+
+
 def test_unscale_twice_raises_and_the_recipe_runs(capsys):
     with expect_error(RuntimeError):
         errors.accumulation_run(errors.accumulate_unscaling_every_micro_batch)
@@ -54,6 +64,9 @@ def test_update_per_optimizer_at_an_overflow_doubles_the_second_models_step():
     right = errors.two_optimizer_run(errors.step_two_optimizers, overflow=(0,), **default)
     assert right == [(1024, 512, [None, 1.0])]
     assert "model 1 skipped, model 2 x2" in errors.describe_two_optimizer_run(wrong)
+    # the lesson's run of the fix: the scale drops though model 2 stepped, then grows again
+    assert errors.two_optimizer_run(errors.step_two_optimizers, overflow=(0,)) == [
+        (1024, 512, [None, 1.0]), (512, 1024, [1.0, 1.0]), (1024, 2048, [1.0, 1.0])]
 
 
 def test_half_model_with_a_scaler_raises_and_the_recipe_runs():
@@ -77,6 +90,8 @@ def test_autocast_edge(dtype, name):
 
 def test_fp16_overflow_and_its_fixes():
     q = torch.full((4, 512), 16.0)
+    scores, _, _ = errors.attention(q, q, q, torch.bfloat16)  # divided by sqrt(d) after the matmul
+    assert torch.allclose(scores.float(), torch.full((4, 4), 16.0 * 16.0 * 512 / 512**0.5), rtol=1e-2)
     assert errors.overflow_report(*errors.attention(q, q, q, torch.float16)) == (
         "torch.float16: scores inf 16 of 16; weights NaN 16 of 16; loss finite: False")
     for dtype, scale_first in ((torch.bfloat16, False), (torch.float16, True)):
@@ -193,6 +208,26 @@ def test_selfcheck_on_cpu_replays_and_simulates():
 
 def solved(models, optimizers, schedulers, batches):
     scaler = torch.amp.GradScaler("cpu")
+    ran = set()
+    for opt in optimizers:
+        opt.register_step_post_hook(lambda opt, args, kwargs: ran.add(opt))
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        ran.clear()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for opt, scheduler in zip(optimizers, schedulers):
+            if opt in ran:  # its own step ran
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def guarding_on_the_scale(models, optimizers, schedulers, batches):
+    """Right with one optimizer: with two, one model's overflow drops the scale for both."""
+    scaler = torch.amp.GradScaler("cpu")
     for x, y in batches:
         with torch.autocast("cpu", dtype=torch.float16):
             loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
@@ -203,6 +238,22 @@ def solved(models, optimizers, schedulers, batches):
         scaler.update()
         for opt, scheduler in zip(optimizers, schedulers):
             if scaler.get_scale() >= scale:  # not skipped
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def guarding_on_the_batch(models, optimizers, schedulers, batches):
+    """Misses every overflow the batch does not hold."""
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for opt, scheduler in zip(optimizers, schedulers):
+            if torch.isfinite(x).all():
                 scheduler.step()
             opt.zero_grad(set_to_none=True)
 
@@ -227,7 +278,9 @@ def test_exercise_as_given():
     assert "bug: the GradScaler was built without a device" in text
     assert "bug: scaler.update() ran 8 times for 4 batches" in text
     assert "not seen yet: no step was skipped" in text
-    assert "bug: the weights now hold inf/NaN" in text
+    # three lines wrong, three bugs: the weights' inf/NaN is told as the disabled scaler's doing
+    assert "(section 8), and the batches with an inf reached the weights (they now hold inf/NaN)" in text
+    assert sum(line.strip().startswith("- bug:") for line in text.splitlines()) == 2
     assert sum(line.strip().startswith("- check_loop: a mistake") for line in text.splitlines()) == 3
     # the kind of mistake and where the lesson shows it, not the code to write nor its line
     for fix in ("GradScaler('cpu')", "GradScaler(\"cpu\")", "then scaler.update() once", "line "):
@@ -237,16 +290,32 @@ def test_exercise_as_given():
 def test_exercise_fixing_the_device_reveals_the_scheduler():
     text = str(check_two_model_loop(device_fixed_only))
     assert "fixed: the GradScaler is built for the cpu and is on" in text
-    assert "bug: the schedulers stepped [4, 4] times for [2, 2] AdamW steps, and PyTorch warned" in text
-    assert "bug: the weights" not in text
+    assert "bug: the schedulers stepped [4, 4] times for [1, 2] AdamW steps, and PyTorch warned" in text
+    assert "bug: the weights" not in text and "inf/NaN" not in text
 
 
 def test_exercise_solved():
     verdict = check_two_model_loop(solved)
     assert verdict.passed, str(verdict)
-    assert "fixed: each scheduler stepped 2 times, once per AdamW step" in str(verdict)
-    assert "skipped the steps of batches 0 and 2" in str(verdict)
+    assert "fixed: the schedulers stepped [1, 2] times, once per step of their own AdamW" in str(verdict)
+    assert "skipped both at batches 0 and 2, model 1's alone at batch 3" in str(verdict)
     assert "check_loop finds nothing in your function" in str(verdict)
+
+
+def test_exercise_refuses_a_guard_on_the_shared_scale():
+    verdict = check_two_model_loop(guarding_on_the_scale)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: the schedulers stepped [1, 1] times for [1, 2] AdamW steps: scheduler 2 missed steps" in text
+    assert "At batch 3 only model 1 overflowed" in text
+
+
+def test_exercise_refuses_a_guard_on_the_batch():
+    verdict = check_two_model_loop(guarding_on_the_batch)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: the schedulers stepped [2, 2] times for [1, 2] AdamW steps" in text
+    assert "moved on for a step GradScaler skipped (section 1) (at batch 3 only model 1 overflowed" in text
 
 
 def solved_but_not_clearing_gradients(models, optimizers, schedulers, batches):
@@ -284,8 +353,8 @@ def test_exercise_requires_the_steps_of_the_clean_batches():
     verdict = check_two_model_loop(solved_but_not_clearing_gradients)
     text = str(verdict)
     assert not verdict.passed
-    assert "bug: AdamW stepped [0, 0] times for the 2 clean batches your loop trained on" in text
-    assert "fixed: each scheduler" not in text
+    assert "bug: AdamW stepped [0, 0] times where the batches your loop trained on allow [1, 2]" in text
+    assert "fixed: the schedulers" not in text
 
 
 def test_exercise_describes_a_loop_that_skips_the_inf_batch_itself():
@@ -293,8 +362,36 @@ def test_exercise_describes_a_loop_that_skips_the_inf_batch_itself():
     text = str(verdict)
     assert not verdict.passed
     assert "fixed: scaler.update() ran once per batch (2 times for the 2 batches your loop scaled)" in text
-    assert "bug: GradScaler skipped no step: your loop kept batch 0 (the one with the inf) from it" in text
-    assert "in 4 iterations" not in text and "the skipped first step" not in text
+    # model 1's overflow at batch 3 still reaches GradScaler, and the unguarded schedulers step past it
+    assert "bug: the schedulers stepped [2, 2] times for [1, 2] AdamW steps" in text
+
+
+def skipping_the_inf_batch_by_hand_guarded(models, optimizers, schedulers, batches):
+    scaler = torch.amp.GradScaler("cpu")
+    ran = set()
+    for opt in optimizers:
+        opt.register_step_post_hook(lambda opt, args, kwargs: ran.add(opt))
+    for x, y in batches:
+        if not torch.isfinite(x).all():
+            continue
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        ran.clear()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        for opt, scheduler in zip(optimizers, schedulers):
+            if opt in ran:
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def test_exercise_describes_a_guarded_loop_that_skips_the_inf_batches_itself():
+    verdict = check_two_model_loop(skipping_the_inf_batch_by_hand_guarded)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: GradScaler never saw batch 0 (the one with the inf): your loop kept it from the scaler" in text
 
 
 def test_exercise_reports_a_crashing_loop():
@@ -329,15 +426,15 @@ def stepping_some_schedulers(which):
 
 @pytest.mark.parametrize(("which", "stepped", "said"), [
     ((), "[0, 0]", "schedulers 1 and 2 never stepped, so the lr stayed where it started"),
-    ((0,), "[2, 0]", "scheduler 2 never stepped, so the lr stayed where it started"),
+    ((0,), "[1, 0]", "scheduler 2 never stepped, so the lr stayed where it started"),
 ])
 def test_exercise_tells_schedulers_that_never_step_from_ones_that_step_too_often(which, stepped, said):
     verdict = check_two_model_loop(stepping_some_schedulers(which))
     text = str(verdict)
     assert not verdict.passed
-    assert f"bug: the schedulers stepped {stepped} times for [2, 2] AdamW steps: {said}" in text
+    assert f"bug: the schedulers stepped {stepped} times for [1, 2] AdamW steps: {said}" in text
     assert "moved on for a step GradScaler skipped" not in text
-    assert "fixed: each scheduler" not in text
+    assert "fixed: the schedulers" not in text
 
 
 def guarding_the_schedulers_by_batch_number(models, optimizers, schedulers, batches):

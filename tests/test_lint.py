@@ -149,18 +149,42 @@ while True:
 
 def exercise_solution(models, optimizers, schedulers, batches):
     scaler = torch.amp.GradScaler("cpu")
+    ran = set()
+    for opt in optimizers:
+        opt.register_step_post_hook(lambda opt, args, kwargs: ran.add(opt))
     for x, y in batches:
         with torch.autocast("cpu", dtype=torch.float16):
             loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
         scaler.scale(loss).backward()
-        scale = scaler.get_scale()
+        ran.clear()
         for opt in optimizers:
             scaler.step(opt)
         scaler.update()
         for opt, scheduler in zip(optimizers, schedulers):
-            if scaler.get_scale() >= scale:  # not skipped
+            if opt in ran:  # its own step ran
                 scheduler.step()
             opt.zero_grad(set_to_none=True)
+
+
+HOOK_FUNCTION_GUARD = """
+def train(models, opts, scheds, loader, scaler):
+    took = {}
+
+    def note(optimizer, args, kwargs):
+        took[optimizer] = True
+
+    for opt in opts:
+        opt.register_step_post_hook(note)
+    for x, y in loader:
+        scaler.scale(sum(m(x).sum() for m in models)).backward()
+        took.clear()
+        for opt in opts:
+            scaler.step(opt)
+        scaler.update()
+        for i, s in enumerate(scheds):
+            if took.get(opts[i]):
+                s.step()
+"""
 
 
 import torch  # noqa: E402  (the solution above uses it; kept next to it for reading)
@@ -184,6 +208,7 @@ CORRECT = {
     "several losses, one step": lambda: SEVERAL_LOSSES,
     "nanoGPT's loop, torch.amp spelling": lambda: NANOGPT_STEP,
     "06's exercise, solved": lambda: exercise_solution,
+    "schedulers guarded by a step hook function": lambda: HOOK_FUNCTION_GUARD,
 }
 
 
@@ -272,6 +297,44 @@ for i, (x, y) in enumerate(loader):
         opt.zero_grad()
 """
 
+SCHEDULERS_IN_A_LOOP = """
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    for s in schedulers:
+        s.step()
+"""
+
+SCHEDULERS_ENUMERATED = """
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    for i, s in enumerate(self.lr_schedulers):
+        s.step()
+"""
+
+SCHEDULER_AFTER_A_LOOP_OF_STEPS = """
+for x, y in loader:
+    scaler.scale(sum(loss_fn(m(x), y) for m in models)).backward()
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    scheduler.step()
+"""
+
+HOOK_THAT_WRITES_ELSEWHERE = """
+ran = set()
+opt.register_step_post_hook(lambda o, *_: ran.add(o))
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    if self.log_every:
+        scheduler.step()
+"""
+
 HALF_MODEL = """
 model = Net().cuda().half()
 opt = torch.optim.Adam(model.parameters())
@@ -291,6 +354,10 @@ BROKEN = {  # name: (loop, the one finding it must have)
     "Net().cuda().half()": (lambda: HALF_MODEL, "half-with-scaler"),
     "lesson 05's exercise as given": (lambda: exercises.broken_setup, "half-with-scaler"),
     "backward inside autocast": (lambda: BACKWARD_INSIDE, "backward-in-autocast"),
+    "schedulers stepped in a loop": (lambda: SCHEDULERS_IN_A_LOOP, "scheduler-unguarded"),
+    "schedulers stepped in an enumerate loop": (lambda: SCHEDULERS_ENUMERATED, "scheduler-unguarded"),
+    "a scheduler after a loop of scaler.step": (lambda: SCHEDULER_AFTER_A_LOOP_OF_STEPS, "scheduler-unguarded"),
+    "an if that reads no name the step hook writes": (lambda: HOOK_THAT_WRITES_ELSEWHERE, "scheduler-unguarded"),
     "errors: update per optimizer": (lambda: errors.step_two_optimizers_updating_each, "update-per-optimizer"),
     "clipping: loss not divided": (lambda: clipping.accumulate_without_dividing, "accumulation-undivided"),
     "accumulation with %, not divided": (lambda: MODULO_UNDIVIDED, "accumulation-undivided"),
@@ -331,7 +398,7 @@ def test_findings_point_at_the_mistaken_line():
 def test_lesson04_exercise_loop_has_its_three_bugs_and_the_note():
     """04's broken loop: GradScaler() without a device, the clip before unscale_, and
     unscale_/step/update on every micro-batch; backward inside autocast is only a note
-    (04 shows the gradients are the same)."""
+    (04 shows the gradients of its model are the same)."""
     source = inspect.getsource(exercises.broken_clipping_loop)
     findings = check_loop(source)
     expected = {
@@ -497,3 +564,16 @@ def test_course_code_has_no_deprecated_amp_outside_its_marked_lines():
     marked = [f.relative_to(ROOT).as_posix() for f in files
               for line in f.read_text(encoding="utf-8").splitlines() if "amp-lint: ignore[deprecated-amp]" in line]
     assert marked == ["src/amp_lessons/errors.py"] * 3
+
+
+def test_backward_in_autocast_note_names_where_the_gradients_may_differ():
+    (note,) = [f for f in check_loop(BACKWARD_INSIDE) if f.code == "backward-in-autocast"]
+    assert note.kind == "note"
+    assert "autocast(enabled=False)" in note.message and "custom_fwd/custom_bwd" in note.message
+    assert "may get 16-bit matmuls" in note.message and "come out the same" in note.message
+
+
+def test_scheduler_message_tells_several_optimizers_from_one():
+    (finding,) = check_loop(SCHEDULER_AFTER_A_LOOP_OF_STEPS)
+    assert "with one optimizer, when scaler.get_scale() did not drop" in finding.message
+    assert "when its own optimizer stepped (optimizer.register_step_post_hook)" in finding.message

@@ -97,7 +97,8 @@ def train_stepping_scheduler_always(model, opt, scheduler, batches):
 
 
 def train_stepping_scheduler_after_real_steps(model, opt, scheduler, batches):
-    """Fix (row 1): step the scheduler only when the optimizer stepped (the scale did not drop).
+    """Fix (row 1): step the scheduler only when the optimizer stepped (with one optimizer: when
+    the scale did not drop).
     ``get_scale()`` copies the scale to the CPU (on CUDA it waits for the GPU), so the loop
     reads it once per step and keeps the last value."""
     scaler = torch.amp.GradScaler("cpu")
@@ -158,14 +159,28 @@ def accumulate_unscaling_every_micro_batch(model, opt, scaler, batches, max_norm
     opt.zero_grad(set_to_none=True)
 
 
-def accumulation_run(loop, k: int = 4) -> str:
+class _Fed(list):
+    """Batches that note, in ``fed``, the index of each one the loop takes (lesson 06)."""
+
+    def __init__(self, batches, fed: list):
+        super().__init__(batches)
+        self.fed = fed
+
+    def __iter__(self):
+        for i, batch in enumerate(super().__iter__()):
+            self.fed.append(i)
+            yield batch
+
+
+def accumulation_run(loop, k: int = 4, fed: list | None = None) -> str:
     """One optimizer step of ``k`` micro-batches with ``loop`` (the signature of
-    :func:`amp_lessons.clipping.accumulate`); says what the optimizer and the scaler did."""
+    :func:`amp_lessons.clipping.accumulate`); says what the optimizer and the scaler did.
+    ``fed``, a list, receives the index of each micro-batch the loop took, also when it raises."""
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
-    loop(model, opt, scaler, tiny_batches(k), max_norm=1.0)
+    loop(model, opt, scaler, _Fed(tiny_batches(k), [] if fed is None else fed), max_norm=1.0)
     moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     return f"{k} micro-batches, one step: weights changed {moved}, scale {scaler.get_scale():g}"
 
@@ -302,13 +317,12 @@ def head_inside_autocast(body, head, x, dtype=torch.bfloat16):
 
 
 def attention(q, k, v, dtype=torch.float16, scale_first: bool = False):
-    """Attention scores ``q @ k.T``, softmax, weighted sum, under autocast. ``scale_first``
-    divides ``q`` by sqrt(d) before the matmul instead of never (the usual place is after
-    the matmul, which is too late in fp16). Returns ``(scores, weights, output)``."""
+    """Attention scores ``q @ k.T / sqrt(d)``, softmax, weighted sum, under autocast. The
+    scores are divided by sqrt(d) after the matmul (the usual place), or, with
+    ``scale_first``, ``q`` is divided before it. Returns ``(scores, weights, output)``."""
+    scale = q.shape[-1] ** 0.5
     with torch.autocast("cpu", dtype=dtype):
-        if scale_first:
-            q = q / q.shape[-1] ** 0.5
-        scores = q @ k.T
+        scores = (q / scale) @ k.T if scale_first else q @ k.T / scale
         weights = torch.softmax(scores, dim=-1)
         return scores, weights, weights @ v
 
@@ -531,9 +545,9 @@ def cuda_bce_raises(device=None) -> Verdict:
 
 @contextlib.contextmanager
 def simulated_t4():
-    """Inside, torch's device queries answer as on Colab's T4 (compute capability 7.5, where a
-    bf16 tensor can be made, by emulation): ``torch.cuda.is_bf16_supported`` itself is not
-    patched, so its own logic gives the answers. Restored on exit."""
+    """Inside, torch's device queries answer as on Colab's T4 (compute capability 7.5), and
+    the test that makes a bf16 tensor on the GPU is replaced by its answer there (True: a T4
+    holds one); ``torch.cuda.is_bf16_supported`` itself runs unpatched. Restored on exit."""
     with simulated_gpu(7, 5, "Tesla T4", bf16_tensors=True) as props:
         yield props
 

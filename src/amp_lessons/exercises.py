@@ -776,6 +776,11 @@ class _MarkedBatches(list):
             self.marks.append(len(self.log.calls))
             yield batch
 
+    @property
+    def current(self) -> int:
+        """The index of the batch the loop took last (-1 before the first)."""
+        return len(self.marks) - 1
+
     def fed(self) -> list[int]:
         """The indices of the batches during which the loop called ``scaler.scale``."""
         ends = [*self.marks[1:], len(self.log.calls)]
@@ -783,48 +788,88 @@ class _MarkedBatches(list):
                 if any(c.name == "scale" for c in self.log.calls[start:end])]
 
 
-def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad):
-    """06's exercise: what the schedulers and optimizers did, as findings."""
+def _overflow_in_model_1(model, batches, at: int) -> None:
+    """06's exercise: during batch ``at``, model 1's first gradient holds an inf (an overflow
+    in that model only: the scaler skips its optimizer and steps model 2's)."""
+    def hook(g):
+        if batches.current != at:
+            return g
+        g = g.clone()
+        g.view(-1)[0] = float("inf")
+        return g
+
+    next(model.parameters()).register_hook(hook)
+
+
+def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad, one_model):
+    """06's exercise: what the schedulers and optimizers did, as findings. ``bad``: the batches
+    whose input holds an inf; ``one_model``: the batch at which only model 1 overflows."""
     skipped_by_hand = [i for i in bad if i not in fed]
     clean = [i for i in fed if i not in bad]
+    expected = [len([i for i in clean if i != one_model]), len(clean)]
     if warned or any(s > t for s, t in zip(stepped, taken)):
         bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps"
             + (", and PyTorch warned 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'"
-               if warned else "") + ": a scheduler moved on for a step GradScaler skipped (section 1)")
+               if warned else "") + ": a scheduler moved on for a step GradScaler skipped (section 1)"
+            + (f" (at batch {one_model} only model 1 overflowed, on a batch that holds no inf)"
+               if one_model in fed and stepped[0] > taken[0] else ""))
     elif stepped != taken:
         never = [i + 1 for i, s in enumerate(stepped) if s == 0]
+        behind = [i + 1 for i, (s, t) in enumerate(zip(stepped, taken)) if 0 < s < t]
         bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps: "
             + (f"{'schedulers' if len(never) > 1 else 'scheduler'} {' and '.join(map(str, never))} never "
-               "stepped, so the lr stayed where it started"
-               if never else "a scheduler missed a step its optimizer took")
-            + "; step each one after every step its optimizer takes (section 1)")
-    elif min(taken) < len(clean):
-        bug(f"AdamW stepped {taken} times for the {len(clean)} clean batches your loop trained on: "
-            f"after a skipped step, later steps were skipped too (what is left "
+               "stepped, so the lr stayed where it started; step each one after every step its "
+               "optimizer takes (section 1)"
+               if never else
+               f"scheduler {' and '.join(map(str, behind))} missed steps its optimizer took. At batch "
+               f"{one_model} only model 1 overflowed: the shared scale dropped, yet model 2 stepped. "
+               "Which of the two optimizers stepped (section 3)?"))
+    elif any(t < e for t, e in zip(taken, expected)):
+        bug(f"AdamW stepped {taken} times where the batches your loop trained on allow {expected}: "
+            "after a skipped step, later steps were skipped too (what is left "
             "in the gradients from one iteration to the next?)")
     elif skipped_by_hand:
-        bug(f"GradScaler skipped no step: your loop kept batch {skipped_by_hand[0]} (the one with the inf) "
-            "from it, so the schedulers' guard could not be checked. Let GradScaler find the inf "
-            "(lesson 03): in a real run you do not know which batch overflows")
+        bug(f"GradScaler never saw batch {skipped_by_hand[0]} (the one with the inf): your loop kept it "
+            "from the scaler. Let GradScaler find the inf (lesson 03): in a real run you do not know "
+            "which batch overflows")
     elif taken == [len(fed)] * len(taken):
         bug(f"not seen yet: no step was skipped (AdamW stepped {taken[0]} of {steps} times), "
             "so the schedulers' guard could not be checked")
     else:
-        findings.append(f"fixed: each scheduler stepped {stepped[0]} times, once per AdamW step "
-                        f"(GradScaler skipped the steps of batches {' and '.join(map(str, bad))}, and "
-                        "neither moved)")
+        findings.append(f"fixed: the schedulers stepped {stepped} times, once per step of their own "
+                        f"AdamW (GradScaler skipped both at batches {' and '.join(map(str, bad))}, "
+                        f"model 1's alone at batch {one_model})")
+
+
+def _two_model_scaler_finding(bug, findings, log, finite: bool) -> bool:
+    """06's exercise: the GradScaler; True when it is built right. A scaler that is off also
+    explains weights that hold inf/NaN, and says so."""
+    spoiled = "" if finite else ", and the batches with an inf reached the weights (they now hold inf/NaN)"
+    if not log.scalers:
+        bug(f"no torch.amp.GradScaler was built in the loop: float16 needs one (lesson 03){spoiled}")
+    elif not log.scalers[0]["device_given"]:
+        bug("the GradScaler was built without a device: without CUDA it warned and disabled itself, "
+            f"so nothing was scaled or skipped (section 8){spoiled}")
+    elif not log.scalers[0]["enabled"]:
+        bug(f"the GradScaler is off (device {log.scalers[0]['device']!r}): on this machine it scales "
+            f"nothing (section 8){spoiled}")
+    else:
+        findings.append("fixed: the GradScaler is built for the cpu and is on")
+        return True
+    return False
 
 
 def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     """06: check the learner's ``loop(models, optimizers, schedulers, batches)`` two ways.
 
-    It is run on two tiny MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, the first
-    and the third holding an inf, as on a machine without CUDA (the same on every machine), with every
-    GradScaler and its calls recorded: the scaler's device, one ``update()`` per batch, the
-    optimizers stepping on every clean batch, each scheduler stepping exactly when its
-    optimizer did, no warnings, finite weights. Then its source is read by
-    :func:`amp_lessons.lint.check_loop`. The findings name the kind of mistake and the
-    section that shows it, not the line to write.
+    It is run on two tiny MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, as on a
+    machine without CUDA (the same on every machine): the first and the third batch hold an
+    inf (both models overflow), and during the fourth model 1's gradient alone holds one. Every
+    GradScaler and its calls are recorded: the scaler's device, one ``update()`` per batch,
+    each optimizer stepping on every batch its model did not overflow, each scheduler
+    stepping exactly when its own optimizer did, no warnings, finite weights. Then its source
+    is read by :func:`amp_lessons.lint.check_loop`. The findings name the kind of mistake and
+    the section that shows it, not the line to write.
     """
     import inspect
     import warnings
@@ -839,10 +884,11 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     models = [tiny_model(1), tiny_model(2)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
     schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
-    bad, error = (0, 2), None  # two skips, so a guard that only knows the first one is caught
+    bad, one_model, error = (0, 2), 3, None  # two skips of both, so a guard that only knows the first is caught
     with without_cuda(), record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = _MarkedBatches(tiny_batches(steps, bad=bad), log)
+        _overflow_in_model_1(models[0], batches, at=one_model)
         try:
             loop(models, optimizers, schedulers, batches)
         except Exception as err:  # the learner's loop: report it, do not crash the checker
@@ -850,16 +896,8 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     if error is not None:
         bug(f"the loop raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
 
-    if not log.scalers:
-        bug("no torch.amp.GradScaler was built in the loop: float16 needs one (lesson 03)")
-    elif not log.scalers[0]["device_given"]:
-        bug("the GradScaler was built without a device: without CUDA it warned and disabled itself, "
-            "so nothing was scaled or skipped (section 8)")
-    elif not log.scalers[0]["enabled"]:
-        bug(f"the GradScaler is off (device {log.scalers[0]['device']!r}): on this machine it scales "
-            "nothing (section 8)")
-    else:
-        findings.append("fixed: the GradScaler is built for the cpu and is on")
+    finite = all(torch.isfinite(p).all() for m in models for p in m.parameters())
+    scaler_ok = _two_model_scaler_finding(bug, findings, log, finite)
 
     fed, updates = batches.fed(), log.count("update")
     trained = f"the {len(fed)} batches your loop scaled" if len(fed) < steps else f"{steps} batches"
@@ -872,9 +910,9 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     taken = [optimizer_steps(o) for o in optimizers]
     stepped = [s.last_epoch for s in schedulers]
     warned = any(SCHEDULER_WARNING in str(w.message) for w in caught)
-    _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad)
-    if not all(torch.isfinite(p).all() for m in models for p in m.parameters()):
-        bug("the weights now hold inf/NaN: the batch with an inf reached the optimizers")
+    _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad, one_model)
+    if scaler_ok and not finite:
+        bug("the weights now hold inf/NaN: a batch with an inf reached the optimizers")
     others = sorted({str(w.message) for w in caught if SCHEDULER_WARNING not in str(w.message)})
     findings += [f"warning from your loop: {w}" for w in others]
 

@@ -51,10 +51,41 @@ class Context:
                 return call
         return None
 
+    @cached_property
+    def step_hook_names(self) -> frozenset:
+        """The names an optimizer's step post-hook writes (``register_step_post_hook(lambda o,
+        *_: ran.add(o))``, or a function defined in this source): a test that reads one reads
+        whether that optimizer's step ran."""
+        defs = {f.name: f for f in self.index.of(ast.FunctionDef)}
+        found = set()
+        for call in self.index.of(ast.Call):
+            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "register_step_post_hook"):
+                continue
+            for hook in call.args[:1]:
+                fn = defs.get(hook.id) if isinstance(hook, ast.Name) else hook
+                if isinstance(fn, (ast.Lambda, ast.FunctionDef)):
+                    found |= _written_by(fn)
+        return frozenset(found)
+
     def events(self, *kinds):
         for unit in self.units:
             for e in unit.of(*kinds):
                 yield unit, e
+
+
+def _written_by(fn) -> set[str]:
+    """The outer names a hook function changes: the receiver of a method it calls
+    (``ran.add(o)``, ``self.ran.append(o)``), or what it assigns or subscripts (``flags[0] =
+    True``, a ``nonlocal``), its own parameters left out."""
+    own = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    found = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            found.add(dotted(n.func.value))
+        elif isinstance(n, (ast.Assign, ast.AugAssign)):
+            for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                found.add(dotted(t.value if isinstance(t, ast.Subscript) else t))
+    return {name for name in found if name and name.split(".")[0] not in own and name != "self"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +98,7 @@ class Rule:
     example: str
     fix: str
     check: Callable[[Context], Iterator[tuple[int, str]]]
-    kind: str = "mistake"  # or "note": a convention, not a wrong result
+    kind: str = "mistake"  # or "note": a convention the source alone cannot show to change a result
 
 
 # --- whole-file rules ------------------------------------------------------------------------
@@ -356,6 +387,7 @@ def scheduler_unguarded(ctx: Context):
             continue
         flow, loops = unit.follow(), _iteration_loops(unit)
         step_loops = {id(_iteration_loop(s, loops)) for s in steps}
+        hooked = ctx.step_hook_names
         for e in unit.of("sched_step"):
             receiver = dotted(e.node.func.value)
             if e.node.args or e.node.keywords or receiver in ctx.roles.metric_schedulers:
@@ -363,12 +395,14 @@ def scheduler_unguarded(ctx: Context):
             state = flow.at.get(id(e))
             if state is None or not state.stepped or id(_iteration_loop(e, loops)) not in step_loops:
                 continue
-            if _guarded(unit, e):
+            if _guarded(unit, e, hooked):
                 continue
             yield e.line, (f"{receiver or 'scheduler'}.step() runs even when GradScaler skipped the optimizer "
                            "step: if the first step is skipped, PyTorch warns 'Detected call of "
                            "`lr_scheduler.step()` before `optimizer.step()`'; a later skip moves the "
-                           "schedule on silently. Step it only when scaler.get_scale() did not drop")
+                           "schedule on silently. Step it only after a step that ran: with one optimizer, "
+                           "when scaler.get_scale() did not drop; with several on one scaler, when its "
+                           "own optimizer stepped (optimizer.register_step_post_hook)")
 
 
 def _iteration_loops(unit: Unit) -> set[int]:
@@ -381,10 +415,13 @@ def _iteration_loop(e, loops: set[int]):
     return next((loop for loop in reversed(e.loops) if id(loop) in loops), None)
 
 
-def _reads_skip(unit: Unit, test, depth: int = 0) -> bool:
+def _reads_skip(unit: Unit, test, hooked: frozenset = frozenset(), depth: int = 0) -> bool:
     """Does an if-test read whether GradScaler skipped the step: ``get_scale()``, a found-inf or
-    skip flag computed in this function, a finiteness check? A flag on a configuration object
-    (``args.skip_sched``) or a test that the scaler exists (``use_grad_scaler``) does not."""
+    skip flag computed in this function, a finiteness check, a name an optimizer's step
+    post-hook writes (``hooked``)? A flag on a configuration object (``args.skip_sched``) or a
+    test that the scaler exists (``use_grad_scaler``) does not."""
+    if hooked & names_in(test):
+        return True
     for n in ast.walk(test):
         if isinstance(n, ast.Call) and last(dotted(n.func) or getattr(n.func, "attr", "")) in FINITE_CHECKS:
             return True
@@ -400,28 +437,29 @@ def _reads_skip(unit: Unit, test, depth: int = 0) -> bool:
         if any(w in parts[-1] for w in SKIP_WORDS):
             return True
         if depth < 3 and name in unit.assigned and unit.remembered(
-                ("skip", name), lambda name=name: any(_reads_skip(unit, v, depth + 1) for v in unit.assigned[name])):
+                ("skip", name), lambda name=name: any(_reads_skip(unit, v, hooked, depth + 1)
+                                                   for v in unit.assigned[name])):
             return True
     return False
 
 
-def _guarded(unit: Unit, e) -> bool:
-    if any(_reads_skip(unit, node.test) for node, _ in e.arms_within(None)):
+def _guarded(unit: Unit, e, hooked: frozenset = frozenset()) -> bool:
+    if any(_reads_skip(unit, node.test, hooked) for node, _ in e.arms_within(None)):
         return True
     stmt = e.stmt  # an earlier `if <skipped>: return/continue` in an enclosing block
     while stmt is not None and id(stmt) in unit.parents:
         block, index, parent = unit.parents[id(stmt)]
-        if _first_exit_guard(unit, block) < index:
+        if _first_exit_guard(unit, block, hooked) < index:
             return True
         stmt = parent
     return False
 
 
-def _first_exit_guard(unit: Unit, block) -> int:
+def _first_exit_guard(unit: Unit, block, hooked: frozenset = frozenset()) -> int:
     def first():
         for i, s in enumerate(block):
             if isinstance(s, ast.If) and any(isinstance(b, (ast.Return, ast.Continue)) for b in s.body) \
-                    and _reads_skip(unit, s.test):
+                    and _reads_skip(unit, s.test, hooked):
                 return i
         return len(block)
     memo = ("exit-guard", id(block))
@@ -449,12 +487,16 @@ def update_per_optimizer(ctx: Context):
 
 
 def backward_in_autocast(ctx: Context):
-    """``backward()`` inside the autocast block: a convention, not a numerical bug."""
+    """``backward()`` inside the autocast block: autocast acts on the backward's ops too. The
+    gradients are the same unless the forward has a region autocast did not cast, which the
+    source of the loop alone does not show: a note, not a mistake."""
     for _, e in ctx.events("backward"):
         if e.autocast:
-            yield e.line, ("backward() inside the autocast block: the gradients come out the same "
-                           "(backward ops run in the dtype their forward ops ran in), but the recipe "
-                           "runs it after the with-block; move it out (a convention, not a numerical bug)")
+            yield e.line, ("backward() inside the autocast block: autocast acts on the backward's ops "
+                           "too. The gradients come out the same for ops autocast cast in the forward, "
+                           "but a region the forward ran under autocast(enabled=False), or a custom "
+                           "autograd Function without custom_fwd/custom_bwd, may get 16-bit matmuls in "
+                           "its backward. The recipe runs backward after the with-block: move it out")
 
 
 # --- gradient accumulation -------------------------------------------------------------------
@@ -634,7 +676,7 @@ RULES: tuple[Rule, ...] = (
          "scaler = torch.amp.GradScaler('cuda')\nwith torch.autocast('cuda', dtype=torch.float16):\n"
          "    loss = model(x)\nscaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()\n",
          fp16_without_scaler),
-    Rule("backward-in-autocast", "02_autocast", "backward() inside the autocast block (a convention)",
+    Rule("backward-in-autocast", "02_autocast", "backward() inside the autocast block (a note)",
          "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\n    loss.backward()\n",
          "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\nloss.backward()\n",
          backward_in_autocast, "note"),

@@ -141,7 +141,8 @@ class Roles:
     """Which names in the source are scalers, schedulers, models and optimizers, and the
     import aliases. A scaler is what ``GradScaler(...)`` built, what ``unscale_`` or a
     ``.scale(loss).backward()`` is called on, or a name whose last part holds "scaler"
-    (``runner.engine.scaler``); a scheduler is built by ``lr_scheduler.*`` or named "*sched*";
+    (``runner.engine.scaler``); a scheduler is built by ``lr_scheduler.*``, named "*sched*",
+    or a loop's name for the items of schedulers (``for s in schedulers``, ``zip(opts, schedulers)``);
     an optimizer is built by ``torch.optim.*`` or named "*opt*"; a model is built by ``nn.*``,
     has ``.parameters()`` called on it, or is named "*model*" / "*net"."""
 
@@ -221,7 +222,26 @@ def find_roles(index: Index) -> Roles:
             inner = node.func.value.func
             if isinstance(inner, ast.Attribute) and inner.attr == "scale" and dotted(inner.value):
                 roles.scalers.add(dotted(inner.value))
+    for node in index.of(ast.For, ast.AsyncFor, ast.comprehension):
+        for target, items in _loop_pairs(node.target, node.iter):
+            if roles.is_scheduler(items):
+                roles.schedulers.add(target)
     return roles
+
+
+def _loop_pairs(target, iterated) -> list[tuple[str, str]]:
+    """``(loop name, the container it takes items from)``: ``for s in scheds`` gives
+    ``(s, scheds)``; ``zip(a, b)`` pairs each name with its container, ``enumerate(x)`` its
+    second name with ``x``."""
+    if isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Name):
+        if iterated.func.id == "enumerate" and iterated.args and isinstance(target, ast.Tuple) \
+                and len(target.elts) == 2:
+            return _loop_pairs(target.elts[1], iterated.args[0])
+        if iterated.func.id == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(iterated.args):
+            return [pair for t, a in zip(target.elts, iterated.args) for pair in _loop_pairs(t, a)]
+        return []
+    name, items = dotted(target), dotted(iterated)
+    return [(name, items)] if name and items else []
 
 
 def _role_of_built(roles: Roles, what: str, names: list[str]) -> None:
@@ -581,7 +601,7 @@ class Flow:
 
     def compound(self, stmt, state):
         if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
-            head, brks = state, None
+            head, brks, back = state, None, None
             bound = names_in(stmt.target) if not isinstance(stmt, ast.While) else set()
             for _ in range(LOOP_PASSES):
                 out, conts, b = self.block(stmt.body, head.rebound(bound) if bound else head)
@@ -591,7 +611,8 @@ class Flow:
                 if new_head == head:
                     break
                 head = new_head
-            after, c2, b2 = self.block(stmt.orelse, head)
+            # after the loop, what its last iteration stepped (`for opt in opts: scaler.step(opt)`)
+            after, c2, b2 = self.block(stmt.orelse, join(head, back))
             return join(after, brks), c2, b2
         if isinstance(stmt, ast.If):
             arms = [state, state]
