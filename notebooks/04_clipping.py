@@ -305,7 +305,8 @@ print(inspect.getsource(clipping.accumulate))
 # forgetting to divide each loss by k. `accumulation_rows` runs each version for one
 # optimizer step of k = 4 micro-batches of 16 digits, from the same weights, beside one
 # large batch of the same 64 digits, and compares the first update (the change in the
-# weights), with SGD and with AdamW, whose step ignores the gradient's overall size.
+# weights), with SGD and with AdamW, whose step sees the gradient's overall size only
+# through `eps`.
 # **Predict** which version matches the large batch, and by how much each of the others is off.
 
 # %%
@@ -331,12 +332,15 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 # SGD, within 3% with AdamW, as checked), with one optimizer step and one scaler update.
 # That holds here because the micro-batches are the same size, the loss is a mean over the
 # samples, and the network has no BatchNorm (whose statistics would see only a
-# micro-batch). Stepping every micro-batch takes k steps on small batches instead, and k
-# scaler updates, so `growth_interval` counts k times too fast; with AdamW each is a full
-# Adam step. Not dividing by k makes the summed gradient k times too large. With SGD that is
-# a learning rate k times the one you set, unless the clip caps it; with AdamW it nearly
-# vanishes, since only the clip and `eps` see the gradient's size. A loop that still trains is not proof that it
-# accumulates correctly: compare one update with a large batch, as above.
+# micro-batch; the `torch.nn.BatchNorm1d` docs: statistics "over the mini-batches").
+# Stepping every micro-batch takes k steps on small batches instead (what is left of the
+# last micro-batch's gradient, already unscaled, is divided by the scale again at the next
+# `unscale_`, so it all but vanishes), and k scaler updates, so `growth_interval` counts k
+# times too fast; with AdamW each is a full Adam step. Not dividing by k makes the summed
+# gradient k times too large. With SGD that is a learning rate k times the one you set,
+# unless the clip caps it; with AdamW it nearly vanishes, since only the clip and `eps` see
+# the gradient's size. A loop that still trains is not proof that it accumulates correctly:
+# compare one update with a large batch, as above.
 #
 # ## What `clip_grad_norm_` returns on a skipped step
 #
@@ -384,8 +388,8 @@ with expect_error(RuntimeError):
 # ## A check to drop into your own loop
 #
 # `check_clipping(scaler)` watches `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_`
-# (called through `torch.nn.utils`; a clip imported by name before it, or a library's own
-# clip method, is not seen) while it is active and warns (`ScaledClipWarning`) when either
+# (and torch 2.6's `clip_grads_with_norm_`; called through `torch.nn.utils`: a clip imported
+# by name before it, or a library's own clip method, is not seen) while it is active and warns (`ScaledClipWarning`) when either
 # runs on gradients the scaler has not unscaled yet; with several optimizers on one scaler,
 # it follows which optimizers' parameters `unscale_` has reached. In your own loop:
 #
@@ -472,3 +476,4 @@ check_clipping_loop(my_loop, backward_in_autocast_is_a_bug)
 # - Adam's update divided by the root of its running average of squared gradients plus
 #   `eps` (default 1e-8): `torch/optim/adamw.py`, and the `torch.optim.AdamW` docs page.
 # - Backward outside autocast: PyTorch's AMP docs, `docs/source/amp.md` ("Autocasting").
+# - BatchNorm's statistics over the (micro-)batch it sees: the `torch.nn.BatchNorm1d` docs.

@@ -536,3 +536,25 @@ def test_checker_catches_a_clip_after_the_step_and_a_hard_coded_device():
     v = check_clipping_loop(hard_coded_scaler, backward_in_autocast_is_a_bug=False)
     (only,) = bugs(v)
     assert "GradScaler('cpu') names its device" in only
+
+
+@pytest.mark.skipif(not hasattr(torch.nn.utils, "clip_grads_with_norm_"), reason="torch 2.6+ only")
+def test_check_clipping_sees_the_split_api(data):
+    model, (x, y) = lesson_model(), data.batch(0, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with check_clipping(scaler) as log:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+        with pytest.warns(ScaledClipWarning, match="clip_grads_with_norm_ ran on gradients still multiplied"):
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), 1.0, norm)
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), 1.0, norm)
+        scaler.step(opt)
+        scaler.update()
+    assert [c.info["scaled"] for c in log.clips] == [True, False]

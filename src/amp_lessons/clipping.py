@@ -474,7 +474,21 @@ def _clip_wrappers(log, trackers, on_scaled=None):
             on_scaled("clip_grad_value_", seen, clip_value, tracker.scale)
         return out
 
-    return {"clip_grad_norm_": clip_grad_norm_, "clip_grad_value_": clip_grad_value_}
+    wrappers = {"clip_grad_norm_": clip_grad_norm_, "clip_grad_value_": clip_grad_value_}
+    real_with_norm = getattr(utils, "clip_grads_with_norm_", None)  # torch 2.6+: get_total_norm, then this
+    if real_with_norm is not None:
+        def clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            tracker = scaled_tracker(parameters)
+            out = real_with_norm(parameters, max_norm, total_norm, *args, **kwargs)
+            seen = float(total_norm)
+            log.add("clip_grad_norm_", scaled=tracker is not None, seen=seen, threshold=max_norm)
+            if tracker is not None and on_scaled is not None:
+                on_scaled("clip_grads_with_norm_", seen, max_norm, tracker.scale)
+            return out
+
+        wrappers["clip_grads_with_norm_"] = clip_grads_with_norm_
+    return wrappers
 
 
 @contextlib.contextmanager
@@ -492,12 +506,13 @@ def _patched(targets: dict):
 
 def _clip_targets(wrappers) -> dict:
     return {(mod, name): fn for name, fn in wrappers.items()
-            for mod in (torch.nn.utils, torch.nn.utils.clip_grad)}
+            for mod in (torch.nn.utils, torch.nn.utils.clip_grad) if hasattr(mod, name)}
 
 
 def _warn_scaled(name, seen, threshold, scale):
-    what = "norm" if name == "clip_grad_norm_" else "largest |gradient|"
-    arg = "max_norm" if name == "clip_grad_norm_" else "clip_value"
+    by_norm = name in ("clip_grad_norm_", "clip_grads_with_norm_")
+    what = "norm" if by_norm else "largest |gradient|"
+    arg = "max_norm" if by_norm else "clip_value"
     warnings.warn(
         f"{name} ran on gradients still multiplied by the loss scale ({scale:g}): it saw a {what} "
         f"of {measured(seen, '.3g')} (true {measured(seen / scale, '.3g')}), so {arg}={threshold:g} acted as "

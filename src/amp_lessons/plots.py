@@ -331,8 +331,9 @@ def clipping_runs(runs: dict, max_norm: float):
         threshold = statistics.median(measured_thresholds(h, max_norm))
         shared.setdefault(f"{threshold:.3g}", []).append(label)
         axes[2].plot(steps, h["loss"], label="_" + label, **style)
-    for name, users in shared.items():
-        axes[1].axhline(float(name), color="#555555", ls="--", lw=1, label=f"{name}: {', '.join(users)}")
+    dashes = [(0, (6, 3)), (0, (1.5, 2)), (0, (8, 2, 1.5, 2))]
+    for (name, users), ls in zip(shared.items(), dashes * len(shared)):  # on top of the runs' lines
+        axes[1].axhline(float(name), color="black", ls=ls, lw=1.1, zorder=3, label=f"{name}: {', '.join(users)}")
     axes[0].axhline(max_norm, color="black", ls=":", lw=1, label=f"max_norm = {max_norm:g}")
     axes[0].set(yscale="log", xlabel="optimizer step", ylabel="L2 norm the clip\ncompared (log axis)",
                 title="what clip_grad_norm_ saw")
