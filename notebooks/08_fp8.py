@@ -274,9 +274,8 @@ print(amp_lessons.claims.at_most("dequantized, the gradient is back within half 
 # The scale comes from the tensor being cast (*current*, or dynamic, scaling, as everywhere
 # in this lesson), so the largest value lands on 448 by construction and nothing can
 # overflow. *Delayed* scaling (NVIDIA Transformer Engine's `DelayedScaling` recipe) takes
-# the amax from a history of earlier steps to save a pass over the tensor; a tensor larger
-# than that history can overflow, which is why its cast must saturate. **Predict** the
-# census now:
+# the amax from earlier steps instead; a tensor larger than they were can overflow, which
+# is why its cast must saturate. **Predict** the census now:
 
 # %%
 print(census_table(groups, "tensor"))
@@ -351,8 +350,7 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # times e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported"): e5m2 is for
 # gradients, paired with an e4m3 operand. With per-row scales the course asks for a bf16
 # output on a GPU (`fp8_support` below). On a CPU, torch 2.11 refuses per-row scales and
-# 2.13 takes them; the cell after the hardware table probes what this release and device
-# take.
+# 2.13 takes them (probed here after the hardware table).
 #
 # ## One outlier channel: per tensor against per row
 #
