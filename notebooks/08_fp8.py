@@ -24,9 +24,9 @@
 # two differences: in the recipe this lesson builds, it is computed from the tensor itself
 # rather than searched for, and every tensor (or every row) gets its own.
 #
-# Everything here runs on any device with the torch releases this course supports.
-# `torch._scaled_mm`, the fp8 matmul, also runs on a CPU (per-row scales there from torch
-# 2.13), so every number below is real; only the speed needs an fp8 GPU. You will see:
+# Everything here runs on a CPU or a CUDA GPU; on a Mac, on the CPU (`fp8_device`: torch has
+# no `float8_e5m2` on Apple's GPU). `torch._scaled_mm`, the fp8 matmul, runs on a CPU too, so
+# every number below is real; only the speed needs an fp8 GPU. You will see:
 #
 # - the two fp8 formats beside bf16 and fp16, and what a cast does with a value too large;
 # - your own network's tensors against them: unscaled, scaled per tensor, scaled per row;
@@ -70,8 +70,10 @@ amp_lessons.seed_everything(0)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-device = amp_lessons.pick_device()
-report = amp_lessons.hardware_report()
+from amp_lessons.hardware import fp8_device
+
+device = fp8_device()  # pick_device()'s choice, except the CPU instead of Apple's GPU
+report = amp_lessons.hardware_report(device)
 print(f"device {device} ({report.name}), torch {report.torch_version}")
 
 # %% [markdown]
@@ -102,8 +104,9 @@ for name in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
 # e4m3 covers fewer than half the powers of two fp16 covers. Its name ends in **fn**, in
 # the LLVM/MLIR naming torch follows: **f** for finite (no infinities), **n** for a special
 # NaN encoding (only the all-ones pattern, `S.1111.111`, is NaN; ml_dtypes' README). So the
-# top exponent holds numbers instead of inf, which is why its largest value is 448. e5m2 is a shortened fp16: same exponent, 2 mantissa bits, with inf.
-# Between 1 and 2, each keeps only these values:
+# top exponent holds numbers instead of inf, which is why its largest value is 448. e5m2
+# is a shortened fp16: same exponent, 2 mantissa bits, with inf. Between 1 and 2, each
+# keeps only these values:
 
 # %%
 from amp_lessons.formats import round_to_format
@@ -127,41 +130,34 @@ with expect_error(NotImplementedError):
 # %% [markdown]
 # ## A value too large for e4m3
 #
-# e4m3 has no inf. So what does a cast store for `1e6`? **Predict**, then run. The answer
-# depends on the torch release and on the path the cast takes, so the package asks this
-# one (`e4m3_overflow` casts `1e6` and `inf` once, eagerly on this device, and reads them
-# back):
+# e4m3 has no inf. So what does a cast store for `1e6`? **Predict**, then run
+# (`e4m3_overflow` casts `1e6` and `inf` once, eagerly on this device, and reads them back):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # The answer depends on the release and the path: see the list below.
 from amp_lessons.formats import bits_of, e4m3_overflow
 
-print(e4m3_overflow())
+print(e4m3_overflow(device))
 print(bits_of(1e6, "fp8_e4m3"))
 
 # %% [markdown]
-# The rule: clamp before casting (the cell after this list). Why: what an eager cast stores
-# for a value too large for e4m3 depends on where it runs (not all run here):
+# What an eager cast stores for a value too large for e4m3 depends on where it runs (not all
+# run here):
 #
 # - **on a CPU**: NaN before torch 2.13, 448 from 2.13 on, where torch's shared conversion
 #   saturates (pull request 178817, "Properly saturate E4M3 on finite-overflow on CPU/C++
-#   conversion code"; lesson 01's widget shows what this release does);
+#   conversion code");
 # - **on a CUDA GPU**: the same, except with a CUDA 13 build on compute capability 8.9 or
 #   more, where the GPU's own saturating conversion gives 448 even where the CPU gives NaN;
-# - **compiled** (`torch.compile`): generated code with its own rule, which the probe above
-#   does not cover.
+# - **compiled** (`torch.compile`): the generated code's own rule, not probed here.
 #
-# Both answers are wrong for `1e6`: NaN poisons everything it touches, 448 is silently off.
-# e5m2 has inf (the cell below). So clamp to the largest value before casting: torchao's
-# `to_fp8_saturated` does, and so does `saturating_cast`, the same on every release and
-# path:
+# So clamp to the largest value before casting (torchao's `to_fp8_saturated` and
+# `saturating_cast` do): 448 for `1e6` on every release and path, not NaN. e5m2 has inf:
 
 # %%
 from amp_lessons.fp8 import saturating_cast
 
-probe = e4m3_overflow()
-print("the plain cast keeps 1e6:", probe.finite == 1e6)
 print("e5m2, plain cast:", round_to_format(torch.tensor([1e6, -1e6]), "fp8_e5m2").tolist())
 too_large = torch.tensor([1e6, -1e6, math.inf])
 for name in ("fp8_e4m3", "fp8_e5m2"):
@@ -275,12 +271,11 @@ print(amp_lessons.claims.at_most("dequantized, the gradient is back within half 
                                  err, e4m3.eps / 2))
 
 # %% [markdown]
-# Unlike GradScaler, nothing is searched for: the scale comes from the tensor being cast
-# (*current*, or dynamic, scaling, as everywhere in this lesson), so the largest value
-# lands on 448 by construction and nothing can overflow. *Delayed* scaling (NVIDIA
-# Transformer Engine's `DelayedScaling` recipe) takes the amax from a history
-# of earlier steps to save a pass over the tensor; a tensor larger than that history can
-# overflow, which is why its cast must saturate. **Predict** the census now:
+# The scale comes from the tensor being cast (*current*, or dynamic, scaling, as everywhere
+# in this lesson), so the largest value lands on 448 by construction and nothing can
+# overflow. *Delayed* scaling (NVIDIA Transformer Engine's `DelayedScaling` recipe) takes
+# the amax from earlier steps instead; a tensor larger than they were can overflow, which
+# is why its cast must saturate. **Predict** the census now:
 
 # %%
 print(census_table(groups, "tensor"))
@@ -309,29 +304,29 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 # ## `torch._scaled_mm`: dequantize, then matmul
 #
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
-# tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)`, in a higher precision.
-# On a CPU, torch computes exactly that: it dequantizes to float32 and runs a float32
-# matmul. The exception is decided first, before the scales are looked at: with oneDNN on
-# (`torch.backends.mkldnn`, the default) and a CPU with AMX-INT8 (both operands of one fp8
-# dtype) or AMX-FP16 (mixed e4m3 and e5m2), `_scaled_mm_out_cpu`
-# (`aten/src/ATen/native/Blas.cpp`) hands the call to oneDNN. An fp8 GPU feeds
-# the fp8 values to its tensor cores and applies the scales to the result.
+# tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)` in the `out_dtype` it is
+# given (`scaled_mm` below gives float32). On a CPU, torch computes exactly that: it
+# dequantizes to float32 and runs a float32 matmul. The exception is decided first, before
+# the scales are looked at: with oneDNN on (`torch.backends.mkldnn`, the default) and a CPU
+# with AMX-INT8 (both operands of one fp8 dtype) or AMX-FP16 (mixed e4m3 and e5m2),
+# `_scaled_mm_out_cpu` (`aten/src/ATen/native/Blas.cpp`) hands the call to oneDNN. An fp8
+# GPU feeds the fp8 values to its tensor cores and applies the scales to the result.
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
 # **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
-# scales, is the result bit for bit the float32 product? (On this machine the CPU path is
-# the float32 one; a CPU with AMX runs oneDNN's kernel instead, which the stored answer
-# does not cover.)
+# scales, is the result bit for bit the float32 product? (The stored answer is a CPU's
+# without AMX.)
 
 # %%
 from amp_lessons.fp8 import reference_mm, scaled_mm, scaled_mm_support
 
 emulate = scaled_mm_support(device)["tensor"] is not None  # a GPU older than fp8: emulate
+mm = "reference_mm (emulate=True)" if emulate else "_scaled_mm"
 A = ((torch.arange(16 * 32) % 9 - 4) / 4).reshape(16, 32).to(device)
 B = ((torch.arange(16 * 32) % 7 - 3) / 4).reshape(16, 32).to(device)
 qa, qb = quantize(A, power_of_2=True), quantize(B, power_of_2=True)
 print("dequantize gives A back exactly:", torch.equal(qa.dequantize(), A))
-print("_scaled_mm equals A @ B.T exactly:", torch.equal(scaled_mm(qa, qb, emulate=emulate), A @ B.T))
+print(f"{mm} equals A @ B.T exactly:", torch.equal(scaled_mm(qa, qb, emulate=emulate), A @ B.T))
 
 # %% [markdown]
 # On the layer's real operands (scales that are not powers of two), against dequantize +
@@ -343,7 +338,7 @@ qa, qb = quantize(o.input.to(device)), quantize(o.weight.to(device))
 fp8_out, by_hand = scaled_mm(qa, qb, emulate=emulate), reference_mm(qa, qb)
 exact = o.input.to(device) @ o.weight.to(device).T
 gap = ((fp8_out - by_hand).norm() / by_hand.norm()).item()
-print(amp_lessons.claims.at_most("_scaled_mm is dequantize + matmul, up to float32 rounding", gap, 1e-5, ".2g"))
+print(amp_lessons.claims.at_most(f"{mm} is dequantize + matmul, up to float32 rounding", gap, 1e-5, ".2g"))
 err = ((fp8_out - exact).norm() / exact.norm()).item()
 print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the float32 one", err, e4m3.eps))
 
@@ -352,11 +347,10 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # `aten/src/ATen/native/cuda/ScaledBlas.cpp` (not run here): compute capability 8.9 or
 # 9.0+; the second operand column-major (cuBLASLt's layout for fp8); its two dimensions and
 # the first operand's inner one multiples of 16; and, on CUDA but not ROCm, never e5m2
-# times e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported", a cuBLASLt
-# restriction since CUDA 12.1): e5m2 is for gradients, paired with an e4m3 operand. With
-# per-row scales the course asks for a bf16 output on a GPU (`fp8_support` below). On a
-# CPU, torch 2.11 refuses per-row scales and 2.13 takes them; the cell after the hardware
-# table probes what this release and device take.
+# times e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported"): e5m2 is for
+# gradients, paired with an e4m3 operand. With per-row scales the course asks for a bf16
+# output on a GPU (`fp8_support` below). On a CPU, torch 2.11 refuses per-row scales and
+# 2.13 takes them (probed here after the hardware table).
 #
 # ## One outlier channel: per tensor against per row
 #
@@ -389,8 +383,7 @@ print(amp_lessons.claims.at_most("with a 2^16 outlier, per-row error is at most 
 # A float's error is relative to the value, so the outlier costs nothing while the other
 # channels stay in e4m3's normal range. Once it pushes them below it, they turn subnormal
 # and then flush to zero, and the per-tensor error climbs to the whole output. Per-row
-# scales give channel 0 its own scale and leave the others where they were. An outlier
-# input feature would not be helped: it is in every row.
+# scales give channel 0 its own scale and leave the others where they were.
 #
 # ## A minimal fp8 linear layer
 #
@@ -408,9 +401,10 @@ print(inspect.getsource(Fp8Matmul))
 # %% [markdown]
 # `convert_to_fp8` swaps every `nn.Linear` whose two dimensions are multiples of 16 for an
 # `Fp8Linear` sharing its parameters. torchao's `convert_to_float8_training` swaps every
-# `nn.Linear` unless it is given a `module_filter_fn`; its README's example passes one that
+# `nn.Linear` unless it is given a `module_filter_fn`; its documented example passes one that
 # skips dimensions not divisible by 16, and the torchao cell below passes `fits_fp8`. The
-# weights stay float32 (master weights); the 10-class head stays as it is.
+# weights stay float32 (master weights); the head stays as it is; `emulate` is the
+# `_scaled_mm` cell's.
 
 # %%
 import copy
@@ -438,16 +432,18 @@ pairs = [(p8.grad.flatten(), p.grad.flatten()) for p8, p in zip(model8.parameter
 grad_err = max(((g8 - g).norm() / g.norm()).item() for g8, g in pairs)
 cosine = min(F.cosine_similarity(g8, g, dim=0).item() for g8, g in pairs)
 print(amp_lessons.claims.at_most("the fp8 outputs are within e4m3's eps of float32's", out_err, e4m3.eps))
-print(f"the gradients differ more: up to {measured(grad_err)} of their size")
+print(amp_lessons.claims.at_least("the gradients differ more: their error is at least 2x the outputs'",
+                                  grad_err / out_err, 2))
 print(amp_lessons.claims.at_least("yet every fp8 gradient points the way float32's does: cosine >= 0.95",
                                   cosine, 0.95))
 
 # %% [markdown]
-# ## Training in fp8 against bf16
+# ## Training in fp8 against 16-bit autocast
 #
-# The same MLP from the same weights, the same batches, 300 steps: once in bf16 autocast,
-# once with the fp8 layers (their weights and the head in float32). `ScaleHistory` keeps each fp8 operand's
-# scale at every step. **Predict:** does fp8 keep up?
+# The same MLP from the same weights, the same batches, 300 steps: once in bf16 autocast
+# (`baseline`: fp16 on a GPU that only emulates bf16), once with the fp8 layers (their
+# weights and the head in float32). `ScaleHistory` keeps each fp8 operand's scale at every
+# step. **Predict:** does fp8 keep up?
 
 # %%
 from amp_lessons.fp8 import ScaleHistory
@@ -478,8 +474,8 @@ from amp_lessons.plots import fp8_training
 fp8_training(runs, scales.series())
 
 # %% [markdown]
-# In the right-hand panel, every operand finds its own scale at every step. How far apart
-# are the gradients' scales and the weights'?
+# In the right-hand panel, every operand finds its own scale at every step (layer 0's input,
+# the pixels, keeps one). How far apart are the gradients' scales and the weights'?
 
 # %%
 import statistics
@@ -489,21 +485,20 @@ log2_scale = {kind: statistics.median(v for k, s in series.items() if k.endswith
               for kind in (".weight", ".grad_output")}
 print(amp_lessons.claims.at_least("the gradients' scale is at least 2^8 times the weights'",
                                   log2_scale[".grad_output"] - log2_scale[".weight"], 8, ".1f"))
+print("layer 0's input scale at every step is 448 / 1 (a pixel at 1 in every batch):",
+      set(series["0.input"]) == {math.log2(448)})
 
 # %% [markdown]
-# Against fp16 with a GradScaler, two things differ: there, one scale serves all gradients
-# and the inputs and weights are cast as they are; here, every operand (inputs and weights
-# too) is scaled and cast, each tensor with its own scale, recomputed each step.
-#
 # ## The same with torchao
 #
 # torchao's `convert_to_float8_training` does what `convert_to_fp8` does, with fused
-# kernels and `torch.compile` support. It is optional here (`pip install -e ".[fp8]"`). If
-# it is installed, this cell trains the same model with it; its numbers depend on whether
-# torchao is there, so they are not compared.
+# kernels and `torch.compile` support. It is optional (`pip install -e ".[fp8]"`); where it
+# is installed, this cell trains the same model with it (not compared: it may be missing).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+import dataclasses
+
 from amp_lessons.fp8 import fits_fp8, torchao_float8
 
 found, why_not = torchao_float8()
@@ -511,8 +506,9 @@ if found is None:
     print(why_not)
 else:
     convert_to_float8_training, Float8LinearConfig = found
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"), emulate=emulate)
     model_ao = convert_to_float8_training(copy.deepcopy(start),  # the head stays float32, as above
-                                          config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                                          config=config,
                                           module_filter_fn=lambda module, name: fits_fp8(module))
     t = Trainer(model_ao, data, precision="fp32", device=device, lr=5e-3)
     history_ao = t.fit(300)
@@ -523,11 +519,9 @@ else:
 # ## Which hardware runs fp8 fast
 #
 # fp8 pays off only where the matmul runs on fp8 hardware. On NVIDIA GPUs that is compute
-# capability 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell). AMD's MI300-class
-# GPUs run `_scaled_mm` on ROCm too (the refusal in `ScaledBlas.cpp` reads "only supported
-# on CUDA devices with compute capability >= 9.0 or 8.9, or ROCm MI300+"). `fp8_support`
-# answers from NVIDIA's table of compute capabilities (the rules of `ScaledBlas.cpp`
-# above), not from a measurement; no GPU ran this cell:
+# capability 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell): `fp8_support`
+# follows the rules of `ScaledBlas.cpp` above. AMD's MI300 runs `_scaled_mm` on ROCm in the
+# `fnuz` variants (`float8_e4m3fnuz`): this lesson's e4m3fn code and 448 do not carry over.
 
 # %%
 from amp_lessons.hardware import fp8_support
@@ -539,35 +533,36 @@ for label, kind, cc in [("a CPU", "cpu", None), ("T4", "cuda", (7, 5)), ("A100",
     print(f"{label:<13} {'fast' if fast else 'not fast':<9} {why}")
 
 # %% [markdown]
-# And this machine: the doctor's report (`python -m amp_lessons doctor`), its fp8 verdict
-# (from the same table), and what this torch release's `_scaled_mm` takes here, probed
-# (`None` means it runs):
+# And this machine: the doctor's report (`python -m amp_lessons doctor`), the table's
+# verdict, and what `_scaled_mm` takes here, probed (`None` means it runs):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(report.table(), end="\n\n")
-fast, why = fp8_support(device.type, report.cuda_capability)
-print(f"{device.type}, from the table: {'fast' if fast else 'not fast'}: {why}")
+fast, _ = fp8_support(device.type, report.cuda_capability)
+print(f"{device.type}, from the table: {'fast' if fast else 'not fast'}")
 print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_support(device))
-print(e4m3_overflow(device))
 
 # %% [markdown]
 # ## Remember
 #
 # - e4m3 (here for inputs and weights, 3 mantissa bits) spans fewer than half of fp16's
-#   powers of two. e5m2 (here for gradients; recipes differ, some use e4m3 throughout) has fp16's exponent and 2 mantissa bits: fp16's largest values
-#   nearly, but its subnormals stop at 2^-16. A tensor is never cast as it is.
+#   powers of two. e5m2 (here for gradients; recipes differ, some use e4m3 throughout) has
+#   fp16's exponent and 2 mantissa bits: fp16's largest values nearly, but its subnormals
+#   stop at 2^-16. A tensor is never cast as it is.
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
 #   flush fewer still. Delayed scaling reuses past amaxes and can overflow.
-# - `torch._scaled_mm` is dequantize-then-matmul: on a CPU without AMX literally, on an fp8
-#   GPU on tensor cores. The weights, the optimizer and the output stay in high precision.
+# - `torch._scaled_mm` is dequantize-then-matmul: on a CPU's float32 path up to float32
+#   rounding (above); an fp8 GPU's tensor cores may accumulate with less precision (lesson
+#   09). The weights, the optimizer and the output stay in high precision.
 #
 # ## Watch out
 #
-# - Never cast to e4m3 unclamped: NaN or 448, by release and path.
-# - Keep layers whose dimensions are not multiples of 16 (a 10-class head) out of fp8:
-#   CUDA refuses them.
+# - Clamp before casting to e4m3 (`saturating_cast`).
+# - CUDA's `_scaled_mm` wants multiples of 16: keep layers whose dimensions are not (a
+#   10-class head) out of fp8, and make the batch one too (times the tokens), for the weight
+#   gradient's matmul `dy.T @ x`.
 # - An outlier input feature is in every row: per-row scales do not isolate it.
 #
 # ## Exercise: a scale for every row
@@ -582,7 +577,7 @@ print(inspect.getsource(row_scale_as_given))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
-# checker runs it on exact inputs in e4m3 and e5m2: one ordinary row per power of two, an
+# checker runs it on exact inputs in e4m3 and e5m2: ordinary rows from 2^-36 to 2^5, an
 # outlier row, a row of zeros (a dead ReLU unit puts one in the backward pass) and a row
 # with a single value. As given, it checks the function above:
 
@@ -602,17 +597,20 @@ check_row_scale(my_row_scale)
 #   `torch/headeronly/util/Float8_e4m3fn.h` (torch 2.13; `c10/util/Float8_e4m3fn-inl.h`
 #   before), and CUDA's own conversion with saturation, `ConvertToFloat8E4M3fnOp` in
 #   `aten/src/ATen/native/cuda/Copy.cu` (recent releases, CUDA 13 builds).
-# - `_scaled_mm`'s CUDA rules, and its refusal naming ROCm MI300+:
-#   `aten/src/ATen/native/cuda/ScaledBlas.cpp`; e5m2 x e5m2 allowed on ROCm:
-#   pytorch/pytorch#148228.
+# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`; e5m2 x e5m2
+#   allowed on ROCm: pytorch/pytorch#148228; MI300's fnuz dtypes: `_scaled_mm_is_fnuz` there
+#   (gfx942), and torchao's `Float8TypeConfig` (`torchao/float8/config.py`).
+# - No `float8_e5m2` on Apple's GPU (MPS): pytorch/pytorch#132624 (open).
 # - `_scaled_mm` on a CPU: `_scaled_mm_out_cpu` in `aten/src/ATen/native/Blas.cpp` (the AMX
 #   rule to oneDNN; before per-row support, `_scaled_mm_out_cpu_emulated` asserted "Now
 #   _scaled_mm only supports per-tensor scaling for CPU backend.").
 # - Clamping before the cast: `to_fp8_saturated`, `torchao/float8/float8_utils.py`.
 # - Delayed scaling: NVIDIA Transformer Engine's docs, "Using FP8 with Transformer Engine"
-#   (`recipe.DelayedScaling`); torchao's recipes, `convert_to_float8_training` and its
-#   `module_filter_fn` example: torchao's `torchao/float8/README.md`.
+#   (`recipe.DelayedScaling`). torchao: `convert_to_float8_training`'s API page (its
+#   `module_filter_fn` example) and `Float8LinearConfig` (`emulate`) in `torchao/float8/config.py`.
 # - Outlier input features in LLMs: Dettmers et al., "LLM.int8()" (2022); Xiao et al.,
 #   "SmoothQuant" (2023).
-# - Which GPUs have fp8 tensor cores: NVIDIA's Ada and Hopper architecture whitepapers;
-#   the compute capabilities `_scaled_mm` accepts: `ScaledBlas.cpp`.
+# - Which GPUs have fp8 tensor cores: NVIDIA's Ada and Hopper architecture whitepapers and
+#   its Blackwell technical brief; the compute capabilities `_scaled_mm` accepts:
+#   `ScaledBlas.cpp`. A large model trained in fp8: DeepSeek-AI, "DeepSeek-V3 Technical
+#   Report" (arXiv 2412.19437), section 3.3.

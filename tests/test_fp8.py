@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from amp_lessons import fp8
+from amp_lessons import fp8, hardware
 from amp_lessons.formats import census, format_info
 from amp_lessons.fp8 import (
     EPS,
@@ -204,6 +204,16 @@ def test_scaled_mm_support_follows_the_release():
         assert "per-tensor" in support["row"]
 
 
+def test_a_device_without_fp8_dtypes_is_a_refusal_not_a_crash(monkeypatch):
+    message = "Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype."
+
+    def no_fp8(*args, **kwargs):
+        raise TypeError(message)
+
+    monkeypatch.setattr(fp8, "quantize", no_fp8)  # what quantize's cast does on MPS
+    assert fp8._scaled_mm_refusal.__wrapped__("cpu", "tensor") == message
+
+
 def test_a_refused_granularity_says_what_to_do(monkeypatch):
     monkeypatch.setattr(fp8, "scaled_mm_support", lambda device="cpu": {"tensor": None, "row": "no rows here"})
     q = quantize(torch.ones(16, 16), "fp8_e4m3", "row")
@@ -372,11 +382,36 @@ def test_fp8_support_by_device():
     assert "float32 matmul" in fp8_support("cpu")[1]
 
 
+def test_fp8_device_gives_the_cpu_on_a_mac(monkeypatch):
+    from amp_lessons.hardware import fp8_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # Apple silicon
+    assert fp8_device() == fp8_device("auto") == torch.device("cpu")
+    assert fp8_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"no float8_e5m2 .*132624.*device='cpu'"):
+        fp8_device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert fp8_device() == torch.device("cpu")
+    with pytest.raises(hardware.DeviceUnavailableError, match="only: cpu"):
+        fp8_device("mps")
+
+
+def test_fp8_device_keeps_a_cuda_gpu(monkeypatch):
+    from amp_lessons.hardware import fp8_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert fp8_device() == torch.device("cuda")
+    assert fp8_device("cpu") == torch.device("cpu")
+
+
 def test_row_scale_exercise_checker():
     from amp_lessons.exercises import check_row_scale, row_scale_as_given
 
     given = check_row_scale(row_scale_as_given)
-    assert not given.passed and "row 5 is all zeros" in str(given) and "what does your formula give" in str(given)
+    assert not given.passed and "row 6 is all zeros" in str(given) and "what does your formula give" in str(given)
     assert "clamp" not in str(given) and "1e-12" not in str(given)  # a hint, not the answer
     right = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name))
     assert right.passed and str(right).count("right:") == 2
@@ -387,6 +422,14 @@ def test_row_scale_exercise_checker():
     assert not half.passed and "not at 448" in str(half) and "not at 57344" in str(half)
     eps = torch.finfo(torch.float32).eps  # off by float32 rounding only: right
     assert check_row_scale(lambda x, name: (1 - eps) * scale_from_amax(amax(x, "row"), name)).passed
+    assert check_row_scale(lambda x, name: (1 + eps) * scale_from_amax(amax(x, "row"), name)).passed
+    # 3% too large: e4m3's cast rounds 461 back to 448, and the checker still says no
+    above = check_row_scale(lambda x, name: 1.03 * scale_from_amax(amax(x, "row"), name))
+    assert not above.passed and "rounds it back to 448, yet the scale is too large" in str(above)
+    assert "right:" not in str(above)
+    # an amax floor above the smallest row's amax (7.5 * 2^-36) lifts that row's amax: its scale is too small
+    floored = check_row_scale(lambda x, name: format_info(name).max / x.abs().amax(dim=1, keepdim=True).clamp(min=1e-6))
+    assert not floored.passed and "row 0's largest value lands at" in str(floored)
     assert "shape ()" in str(check_row_scale(lambda x, name: scale_from_amax(amax(x), name)))
     per_tensor = check_row_scale(lambda x, name: scale_from_amax(amax(x), name).expand(x.shape[0], 1))
     assert not per_tensor.passed and "per-tensor scaling" in str(per_tensor) and "its own amax" in str(per_tensor)
@@ -394,7 +437,8 @@ def test_row_scale_exercise_checker():
     assert not too_big.passed and "too large for 448" in str(too_big)
     too_small = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name) / 4)
     assert not too_small.passed and "not at 448" in str(too_small)
-    assert "float32" in str(check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name).double()))
+    as_double = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name).double())
+    assert not as_double.passed and "float32" in str(as_double) and "right:" not in str(as_double)
     assert "raised ZeroDivisionError" in str(check_row_scale(lambda x, name: 1 / 0))
 
 
@@ -410,6 +454,10 @@ def test_fp8_training_figure():
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     title = fig._suptitle.get_text()
     assert "gradients' is about 2^21, the weights' 2^9, about 2^12 apart" in title
+    # the gap is the rounded exponents' difference, never one that disagrees with them
+    scales = {"0.input": [8.2] * 5, "0.weight": [9.0] * 5, "0.grad_output": [22.9] * 5}
+    title = fp8_training({"bf16": h, "fp8": h}, scales)._suptitle.get_text()
+    assert "about 2^23, the weights' 2^9, about 2^14 apart" in title
     assert "loss scale" not in title  # a GradScaler never scales weights: no comparison with it
     assert "log2" in fig.axes[1].get_ylabel()
 

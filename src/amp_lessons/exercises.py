@@ -681,19 +681,22 @@ def row_scale_as_given(x, name="fp8_e4m3"):
 
 
 def _row_scale_cases():
-    """Exact inputs (powers of two times small integers): one ordinary row per binade, an
-    outlier row, an all-zero row (a dead ReLU unit's gradient), a row with one nonzero value."""
+    """Exact inputs (powers of two times small integers): ordinary rows at 2^-36 (as small as
+    08's gradients get), 2^-20, 2^-6, 2^0 and 2^5, an outlier row, an all-zero row (a dead ReLU
+    unit's gradient) and a row with one nonzero value. Returns the rows and the zero row's index."""
     cols = torch.arange(16, dtype=torch.float32) - 7.5
-    rows = [cols * 2.0**e for e in (-20, -6, 0, 5)] + [cols * 2.0**20, torch.zeros(16),
-                                                        torch.where(cols == 0.5, -3.0, 0.0)]
-    return torch.stack(rows), 5  # the all-zero row's index
+    rows = [cols * 2.0**e for e in (-36, -20, -6, 0, 5)] + [cols * 2.0**20]
+    zero_row = len(rows)
+    rows += [torch.zeros(16), torch.where(cols == 0.5, -3.0, 0.0)]
+    return torch.stack(rows), zero_row
 
 
 def check_row_scale(fn) -> Verdict:
     """08: check the learner's ``fn(x, name) -> scales`` on exact inputs for e4m3 and e5m2:
     one float32 scale per row, finite and positive (an all-zero row included), and each
-    nonzero row's largest magnitude landing on the format's largest value, within float32
-    rounding (``max / amax``, not a scale that only keeps the row below the largest value)."""
+    nonzero row's largest magnitude landing on the format's largest value up to float32
+    rounding (``max / amax``: neither a scale that only keeps the row in range, nor one a
+    few percent too large that the cast's rounding would hide)."""
     import math
 
     x, zero_row = _row_scale_cases()
@@ -710,8 +713,8 @@ def check_row_scale(fn) -> Verdict:
         if tuple(scale.shape) != (x.shape[0], 1):
             return Verdict(False, [f"{name}: the scales have shape {tuple(scale.shape)}; per row means one "
                                    f"per row, shape ({x.shape[0]}, 1), each from that row's own amax"])
-        if scale.dtype != torch.float32:
-            passed = False
+        right = scale.dtype == torch.float32
+        if not right:
             findings.append(f"{name}: the scales are {scale.dtype}; torch._scaled_mm takes float32 scales")
         bad = [i for i, s in enumerate(scale.flatten().tolist()) if not (math.isfinite(s) and s > 0)]
         if bad:
@@ -725,14 +728,16 @@ def check_row_scale(fn) -> Verdict:
         peak = (x * scale.float()).abs().amax(dim=1).double()  # what the cast sees, in float32
         nonzero = x.abs().amax(dim=1) > 0
         close = 4 * torch.finfo(torch.float32).eps * top  # max / amax, then x * scale: two float32 roundings
-        over = [i for i in range(len(peak)) if fmt.overflows(peak[i])]  # 448.00003 still rounds to 448
-        low = [i for i in range(len(peak)) if nonzero[i] and i not in over and peak[i] < top - close]
+        over = [i for i in range(len(peak)) if nonzero[i] and peak[i] > top + close]
+        low = [i for i in range(len(peak)) if nonzero[i] and peak[i] < top - close]
         if over:
-            passed = False
-            findings.append(f"{name}: row {over[0]} reaches {peak[over[0]].item():g} after scaling, too "
-                            f"large for {top:g}: the cast would saturate it (or make it NaN, on a CPU before torch 2.13)")
+            i = over[0]
+            stored = "inf" if fmt.has_inf else "448 or NaN"
+            fate = (f", too large for {top:g}: a plain cast stores {stored}" if fmt.overflows(peak[i]) else
+                    f": the cast rounds it back to {top:g}, yet the scale is too large: it should carry "
+                    f"the row's amax onto {top:g} itself")
+            findings.append(f"{name}: row {i} reaches {peak[i].item():g} after scaling{fate}")
         if low:
-            passed = False
             same = bool((scale == scale.flatten()[0]).all())
             why = ("every row got the same scale, which is per-tensor scaling: the largest row sets it and "
                    "the small rows land low. Per row, each row's scale comes from its own amax"
@@ -740,7 +745,9 @@ def check_row_scale(fn) -> Verdict:
                    "the whole range")
             findings.append(f"{name}: row {low[0]}'s largest value lands at {peak[low[0]].item():g}, not at "
                             f"{top:g}: {why}")
-        if not over and not low:
+        right = right and not over and not low
+        passed = passed and right
+        if right:
             findings.append(f"{name}: right: every nonzero row's largest value lands on {top:g}, and the "
                             f"all-zero row gets a finite scale")
     return Verdict(passed, findings)

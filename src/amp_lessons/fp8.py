@@ -217,10 +217,10 @@ def _call_scaled_mm(a: Fp8Tensor, b: Fp8Tensor) -> torch.Tensor:
 
 @functools.cache
 def _scaled_mm_refusal(device: str, granularity: str) -> str | None:
-    a = quantize(torch.ones(16, 16, device=device), "fp8_e4m3", granularity)
-    try:
+    try:  # the cast too: a device without fp8 dtypes (MPS) refuses it with a TypeError
+        a = quantize(torch.ones(16, 16, device=device), "fp8_e4m3", granularity)
         _call_scaled_mm(a, a)
-    except (RuntimeError, ValueError, NotImplementedError) as err:
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
         return str(err).strip().splitlines()[0]
     return None
 
@@ -384,8 +384,10 @@ class Fp8Linear(nn.Linear):
 
 
 def fits_fp8(linear: nn.Module) -> bool:
-    """torchao's default filter: a Linear whose both dimensions are multiples of 16 (what
-    CUDA's ``_scaled_mm`` requires of K and N)."""
+    """:func:`convert_to_fp8`'s default filter, and the ``module_filter_fn`` of 08's torchao
+    cell (torchao itself converts every Linear): a Linear whose both dimensions are multiples
+    of 16, which CUDA's ``_scaled_mm`` requires of K and N. CUDA also requires it of the
+    batch M, in the weight gradient's matmul ``dy.T @ x``; that is the caller's to keep."""
     return isinstance(linear, nn.Linear) and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 

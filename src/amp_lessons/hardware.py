@@ -451,6 +451,20 @@ def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
     return (False, f"{device_type}: no fp8 matmul kernels in torch; fp8 would only be emulated")
 
 
+def fp8_device(requested=None) -> torch.device:
+    """The device 08_fp8 runs on: :func:`pick_device`'s, except that Apple's GPU (MPS) gives
+    way to the CPU. torch's MPS backend has no ``float8_e5m2`` (pytorch/pytorch#132624), and
+    ``float8_e4m3fn`` only from pull request 194074 (2026). Asking for ``"mps"`` by name is a
+    ValueError that says so."""
+    device = pick_device(requested)
+    if device.type != "mps":
+        return device
+    if requested is not None and not (isinstance(requested, str) and requested.strip().lower() == "auto"):
+        raise ValueError("lesson 08 cannot run on 'mps': torch's MPS backend has no float8_e5m2 "
+                         "(pytorch/pytorch#132624). Use device='cpu', or 'auto', which picks the CPU on a Mac.")
+    return torch.device("cpu")
+
+
 def check_autocast(device_type: str, dtype) -> None:
     """Raise a clear error if ``torch.autocast(device_type, dtype)`` cannot run here."""
     have = available_devices()

@@ -520,8 +520,8 @@ def fp8_training(runs: dict, scales: dict):
     """08: left, the training loss of each run (``{label: History}``); right, the log2 of
     each fp8 operand's per-tensor scale at every step (``{"layer.kind": [log2 scale]}``,
     from :class:`amp_lessons.fp8.ScaleHistory`). The title compares the gradients' scale
-    with the weights': how far apart the scales of two kinds of operand sit."""
-    import math
+    with the weights': how far apart the scales of two kinds of operand sit (both medians
+    rounded to a power of two, and their gap taken from the rounded ones)."""
     import statistics
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -539,13 +539,13 @@ def fp8_training(runs: dict, scales: dict):
         right.plot(range(len(values)), values, color=colors.get(kind, "grey"),
                    ls=dashes[layers.index(layer) % len(dashes)], lw=1.2, label=f"layer {layer}: {kind}")
     right.set(xlabel="optimizer step", ylabel="log2 of the scale (scale = fmt.max / amax)")
-    right.legend(frameon=False, fontsize=7, ncol=2)
+    right.legend(frameon=False, fontsize=8, ncol=2)
     medians = {kind: [statistics.median(v) for k, v in scales.items() if k.endswith("." + kind) and v]
                for kind in colors}
     if medians["grad_output"] and medians["weight"]:
-        g, w = statistics.median(medians["grad_output"]), statistics.median(medians["weight"])
-        fig.suptitle(f"each tensor gets its own scale: the gradients' is about 2^{math.floor(g)}, the "
-                     f"weights' 2^{math.floor(w)}, about 2^{round(g - w)} apart", fontsize=10)
+        g, w = round(statistics.median(medians["grad_output"])), round(statistics.median(medians["weight"]))
+        fig.suptitle(f"each tensor gets its own scale: the gradients' is about 2^{g}, the "
+                     f"weights' 2^{w}, about 2^{g - w} apart", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
