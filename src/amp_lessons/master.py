@@ -196,7 +196,7 @@ class HalfAdam:
     """Adam steps on a ``.half()`` copy of a model, one implementation (:func:`half_adam`).
 
     Per step: ``losses`` (before the step), ``nonfinite`` (weights inf/NaN after it) and
-    ``largest_change`` (the largest finite change of one weight); ``v_zero`` counts the
+    ``largest_change`` (the largest change of one weight that stayed finite, 0 if none did); ``v_zero`` counts the
     weights whose first gradient was nonzero but whose ``exp_avg_sq``, stored in float16,
     is exactly 0 after step 1, of ``nonzero_grads``. ``error`` says why no step ran.
     """
@@ -217,7 +217,9 @@ class HalfAdam:
         if self.error:
             return f"{self.implementation:<9} not run: {self.error}"
         bad = " ".join(f"{measured(v, ','):>7}" for v in self.nonfinite)
-        moved = " ".join(f"{measured(v, '.2g'):>7}" for v in self.largest_change)
+        # where every weight is inf/NaN there is no finite change: nan (masked like any ≈ figure)
+        moved = " ".join(f"{measured(math.nan if bad == self.n_weights else v, '.2g'):>7}"
+                         for v, bad in zip(self.largest_change, self.nonfinite))
         return f"{self.implementation:<9} inf/NaN {bad}   largest change {moved}"
 
 
