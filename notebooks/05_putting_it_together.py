@@ -19,13 +19,12 @@
 # The card opens with a promise: *"Mixed precision typically gives 2-3x faster training
 # and halves activation memory on modern GPUs."* This lesson trains one model in every
 # precision your device runs, side by side in one process, and sets both numbers against
-# what the card says. Then it shows the two rules that keep mixed precision correct, not
-# just fast: keep the weights in float32 (no `model.half()`), and what
+# what the card says. Then it shows the rule that keeps mixed precision correct, not just
+# fast: keep the weights in float32 (no `model.half()`); and what
 # `torch.set_float32_matmul_precision("high")` really changes.
 #
-# Every verdict below is computed from this run's measurements on the device it runs on, so
-# on another device it reports what that device does. The stored outputs come from a CPU;
-# on a GPU, run the lesson to see its own.
+# Every verdict below is computed from this run's measurements, so on another device it
+# reports what that device does. The stored outputs come from a CPU.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -115,10 +114,8 @@ for p, run in result.runs.items():
         print(at_most(f"{p}'s late loss is within 0.05 of fp32's", late, 0.05))
 
 # %% [markdown]
-# The test accuracy comes from `Trainer.evaluate`, which runs the test set under the same
-# autocast as training, inside `torch.no_grad()`. Evaluation needs no GradScaler (there is
-# no backward to scale), and its 16-bit activations are not even kept. The logits of the
-# test set, evaluated that way:
+# `Trainer.evaluate` runs the test set under the same autocast as training, inside
+# `torch.no_grad()`: no backward, so no GradScaler and no saved activations. Its logits:
 
 # %%
 from amp_lessons.precision import dtype_of
@@ -132,10 +129,8 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
     print(f"{p}: logits {logits.dtype}, autograd graph recorded: {logits.requires_grad}")
 
 # %% [markdown]
-# `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). `act MB` is the
-# memory the next section is about. The step times are in the figure's lower left panel;
-# the lower right one stacks everything a training step holds, and only the activations
-# shrink:
+# `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). The figure's lower
+# right panel stacks everything a training step holds; only the activations shrink:
 
 # %%
 from amp_lessons import plots
@@ -145,13 +140,10 @@ plots.side_by_side(result)
 # %% [markdown]
 # ## Memory: "halves activation memory"
 #
-# Activation memory is what autograd keeps from the forward pass for the backward pass:
-# each layer's input, the softmax output, and so on. `amp_lessons.measure` counts those
-# bytes exactly, on any device, with `torch.autograd.graph.saved_tensors_hooks`: every
-# tensor saved for backward passes through a hook, and each storage is counted once.
-#
-# Under autocast, the 16-bit *copies of the weights* that the matmuls use are saved too.
-# They are not activations (their size does not grow with the batch), so they are counted
+# Activation memory is what autograd keeps from the forward pass for the backward pass.
+# `amp_lessons.measure` counts those bytes exactly, on any device, with
+# `torch.autograd.graph.saved_tensors_hooks`, each storage once. Autocast's 16-bit *copies
+# of the weights* are saved too; they do not grow with the batch, so they are counted
 # apart. Per dtype, for one batch of 64:
 
 # %%
@@ -163,8 +155,8 @@ for p, run in result.runs.items():
 
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
-# that remain belong to the loss (the logits cast to float32 for it, lesson 02), and the
-# labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU; a GPU's
+# that remain belong to the loss: autocast casts the logits to float32 for it (lesson 02),
+# and its `log_softmax` saves its float32 output. The labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU; a GPU's
 # autocast lists can differ, lesson 02), and the card's claim against it:
 
 # %%
@@ -189,58 +181,38 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
           f"{kept.by_dtype.get('float32', 0) / kept.activation_bytes:.0%} of them float32")
 
 # %% [markdown]
-# Which layers save those float32 bytes? The same hook, now noting which of the block's
-# layers was running when each activation was saved (the weights left out):
+# Which layers save those float32 bytes? `saved_by_layer` runs the same hook, noting which
+# of the block's layers was running when each activation was saved (the 16-bit weight
+# copies left out, as above):
 
 # %%
-running, by_layer, seen = ["block"], {}, set()
-weights = {w.data_ptr() for w in block.parameters()}
-
-
-def left(module, args, output):
-    running.pop()  # and return None, so the layer's output stays as it is
-
-
-hooks = [h for name, m in block.named_children()
-         for h in (m.register_forward_pre_hook(lambda m, a, name=name: running.append(name)),
-                   m.register_forward_hook(left))]
-
-
-def note(t):
-    if t.data_ptr() not in weights | seen:
-        seen.add(t.data_ptr())
-        by_layer[running[-1], str(t.dtype)] = by_layer.get((running[-1], str(t.dtype)), 0) + t.nbytes
-    return t
-
+from amp_lessons.measure import saved_by_layer
 
 low16 = next(p for p in result.runs if p in ("bf16", "fp16"))
-with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t), torch.autocast(device.type, dtype=dtype_of(low16)):
+print(f"{low16}, saved activation bytes by layer and dtype:", saved_by_layer(block, tokens, low16))
+with torch.no_grad(), torch.autocast(device.type, dtype=dtype_of(low16)):
     out = block(tokens)
-for h in hooks:
-    h.remove()
-print(f"{low16}, saved activation bytes by layer and dtype:", dict(sorted(by_layer.items())))
 print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor plus a float32 one: "
       f"{(torch.ones(1, dtype=dtype_of(low16)) + torch.ones(1)).dtype}")
 
 # %% [markdown]
 # The float32 bytes are the layer norms' (each saves its input and its per-token mean and
-# 1/std). They are float32 not because of an autocast list (on a CPU, `layer_norm` is on
-# none, lesson 02) but because of the residual stream: the block's input is float32, and
-# `x + attn(ln1(x))` adds a 16-bit result to it, which type promotion makes float32. So both
-# layer norms read float32 and save float32. On a GPU, where `layer_norm` is on the float32
-# list, it would save float32 even from a 16-bit input.
+# 1/std). No autocast list makes them float32 (on a CPU, `layer_norm` is on none, lesson
+# 02): the residual stream does. The block's input is float32, and `x + attn(ln1(x))` adds
+# a 16-bit result to it, which type promotion makes float32, so both layer norms read
+# float32. On a GPU, `layer_norm` is on the float32 list and saves float32 in any case.
 
 # %% [markdown]
 # ### What a batch twice as large costs
 #
-# Half the activation bytes is not twice the batch. A training step holds more than its
-# activations: the float32 weights, their gradients and AdamW's two moments stay float32
-# under autocast, and autocast adds its 16-bit copies of the weights.
+# A training step holds more than its activations: the float32 weights, their gradients
+# and AdamW's two moments, and autocast's 16-bit weight copies.
 #
 # **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
 #
-# `doubled_batch` counts every kind of bytes at the batch and at twice it. These are exact
-# byte counts, not timings: the same on every CPU.
+# `doubled_batch` counts, by kind, the bytes a step holds through its backward pass
+# (short-lived temporaries such as activation gradients aside), at the batch and at twice
+# it: exact byte counts, the same on every CPU.
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -251,8 +223,7 @@ print(cost.table())
 print("\n".join(cost.fits_lines()))
 
 # %% [markdown]
-# Only the activations column halves. Whether 16 bits fits a larger batch at all depends
-# on the activations against the weight copies, which grow with the weights and not with
+# Only the activations column halves, and the weight copies grow with the weights, not
 # the batch. The bench's larger MLP at its batch:
 
 # %%
@@ -261,17 +232,20 @@ big = doubled_batch(big_model, big_x, big_y, low)
 print(big.table())
 print("\n".join(big.fits_lines()))
 
+# %% [markdown]
+# A larger batch shrinks the weights' share, but the ratio only grows towards fp32's
+# activation bytes per example over 16 bits', and the loss's float32 bytes and the labels'
+# int64 do not halve:
+
 # %%
-ratios = [c.batch_in_fp32_memory(p) / c.batch for c in (cost, big) for p in low]
-print(check("for these two MLPs at these batches, no 16-bit step fits a batch twice as large in fp32's "
-            "memory: only the activations halve (a larger batch, whose activations outweigh the "
-            "weights, can)",
-            all(r < 2 for r in ratios), f"largest: {measured(max(ratios), '.2f')}x"))
+limits = {f"{label} {p}": c.ratio_limit(p) for label, c in (("digits MLP", cost), ("bench MLP", big)) for p in low}
+print(check("at no batch does a 16-bit step of these MLPs fit twice fp32's batch in fp32's memory",
+            all(r < 2 for r in limits.values()),
+            "the limits: " + ", ".join(f"{k} {r:.3f}x" for k, r in limits.items())))
 
 # %% [markdown]
-# On a GPU the allocator also keeps the peak of a whole step, short-lived tensors included
-# (`measure.cuda_peak_memory`; `python -m amp_lessons bench` prints it as `peak MB`). On a
-# CPU torch keeps no such counter, and the byte counts above are what there is to show:
+# On a GPU, `doubled_batch` also reads the allocator's peak of one real step, short-lived
+# tensors included:
 
 # %%
 print(cost.peak_line())
@@ -290,20 +264,15 @@ print(cost.peak_line())
 print(result.speed_table())
 
 # %% [markdown]
-# Why that ratio? The matrix multiplications are the part of a training step that 16 bits
-# speeds up most, so the speed a precision can reach is set largely by how fast this
-# device multiplies matrices in it. The bench runs a larger MLP and a matmul
-# microbenchmark, every precision side by side. Then both MLPs are set against the card's
-# 2-3x, with the reasons read from these measurements and this device's hardware report:
+# The matrix multiplications are the part of a training step that 16 bits speeds up most.
+# The bench runs a larger MLP and a matmul microbenchmark, every precision side by side.
+# Its table is collapsed below; the verdicts after it set both MLPs against the card's
+# 2-3x, with the reasons read from the measurements and this device's hardware report:
 
 # %% jupyter={"outputs_hidden": true}
 # NBVAL_IGNORE_OUTPUT
 b = bench.run_bench(("mlp",), runnable, device, warmup=1, repeats=5, breakdown=True, profile_steps=3)
 print(benchcli.table(b, breakdown=False))
-
-# %% [markdown]
-# The bench's table and matmul block are collapsed above (the figure after the next cell
-# draws the matmul block). Its verdicts, and the reasons read from it:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -313,7 +282,7 @@ for p in [p for p in result.runs if p != "fp32"]:
     print(f"bench MLP:  {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
     print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate, with_shares=False)))
 print("And for both steps:")
-print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate)))
+print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate, amdahl=False)))
 
 # %% [markdown]
 # The memory column of the same table does not move from run to run. The larger MLP's
@@ -326,32 +295,20 @@ print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs
 plots.matmul_rates(b)
 
 # %% [markdown]
-# How to read it:
-#
-# - **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile
-#   units** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply
-#   16-bit matrices several times faster than float32: the card's 2-3x comes from them.
-#   A CPU with **AVX512-BF16** but no AMX runs bf16 dot products on its vector units; how
-#   much faster than float32 that is, the matmul block measures (the reasons above print
-#   it). Without either, bf16 math is converted in software.
-#   fp16 on a CPU is as fast as the kernel the torch build has for it.
-# - **Amdahl's law estimates the gain**: with a matmul share *f* of the fp32 step and
-#   matmuls *r* times faster, 1 / ((1 - f) + f / r), if nothing else changed. It is no cap:
-#   elementwise ops on 16-bit tensors move half the bytes and run faster where memory
-#   bandwidth limits them (NVIDIA's mixed-precision guide says so of GPUs; this CPU's are
-#   measured below), autocast's casts add work, and a step's own matmuls run at their
-#   shapes' rates, not at the best size's.
-#
-# `python -m amp_lessons bench` (or `make bench`) prints the same table from a terminal,
-# for an MLP and a transformer.
+# **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile units**
+# (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply 16-bit
+# matrices several times faster than float32: the card's 2-3x comes from them. A CPU with
+# AVX512-BF16 but no AMX runs bf16 dot products on its vector units; without either, bf16
+# math is converted in software. fp16 on a CPU is as fast as the torch build's kernel for
+# it. `python -m amp_lessons bench` prints the same table from a terminal.
 #
 # ## Why not 2-3x here? Where one step's time goes
 #
 # Besides its matmuls, a step runs elementwise ops, autocast's casts, the optimizer (on
 # float32 master weights in every precision), the Trainer's bookkeeping and the batch
-# fetch. The bench profiled Trainer steps of its MLP with `torch.profiler` and added each
-# op's own time to one category (`amp_lessons.breakdown` has the mapping). The table is
-# collapsed below (click to open); the figure after it draws the same breakdown.
+# fetch. The bench profiled Trainer steps of its MLP with `torch.profiler`, each op's own
+# time added to one category (`amp_lessons.breakdown` has the mapping). The table is
+# collapsed; the figure draws it.
 #
 # **Predict**: which categories will be as long in bf16 as in fp32?
 
@@ -363,9 +320,8 @@ print("\n".join(benchcli.breakdown_lines(b, "mlp")))
 plots.step_breakdown(b, "mlp")
 
 # %% [markdown]
-# The lines under the table put the matmul share *f* into Amdahl's law twice: at the best
-# sizes' ratio and at the ratio the step's own matmuls ran. The profiler adds a little time
-# to every op; the categories still account for each profiled step:
+# The profiler adds a little time to every op; the categories still account for each
+# profiled step:
 
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
@@ -374,16 +330,20 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
                fp32_step.matmul_share, 0.2, ".2f"))
 
 # %% [markdown]
-# The rest of the step in each 16-bit precision the bench profiled, and the step's measured
-# speedup against the Amdahl figure from *f* and the best matmul rates (a precision too
-# slow here to time has no line: which ones that is depends on the device, so the cell's
-# output is not compared). Where the rest of the step got faster, the step can beat the
-# Amdahl figure:
+# **Amdahl's law** estimates what faster matmuls alone give: with a matmul share *f* of the
+# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r) (the collapsed table's
+# last lines). It is no cap: elementwise ops on 16-bit tensors move half the bytes and run
+# faster where memory bandwidth limits them (NVIDIA's mixed-precision guide), and
+# autocast's casts add work. Per 16-bit precision the bench profiled (which ones depends on
+# the device, so the output is not compared):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+float32_work = ("optimizer", "bookkeeping", "data")
 for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not None]:
     step = b.breakdown("mlp", p)
+    print(at_least(f"{p}: the optimizer, bookkeeping and data take at least 0.8x fp32's time (the same float32 work)",
+                   sum(step.ms[c] for c in float32_work) / sum(fp32_step.ms[c] for c in float32_work), 0.8, ".2f"))
     print(f"{p}: the rest of the step takes {measured(step.rest_ms / fp32_step.rest_ms, '.2f')}x fp32's "
           f"(casts {measured(step.ms['autocast casts'], '.2f')} ms, elementwise "
           f"{measured(step.ms['forward rest'] + step.ms['backward rest'], '.2f')} ms against fp32's "
@@ -393,15 +353,12 @@ for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not No
           f"measured {measured(amdahl.measured, '.2f')}x without the profiler")
 
 # %% [markdown]
-# So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are (the
-# matmul block), and how much of the step is not matmuls. The last table of the collapsed
-# output times three changes that shrink the second part, each as a gain over the Trainer
-# as the lessons use it: `grad_stats=False` (the Trainer skips the per-step gradient
-# statistics lessons 01 and 03 read), then `AdamW(foreach=True)` and `AdamW(fused=True)`
-# (a few large kernels instead of a loop over tensors, where the device has them).
-# `python -m amp_lessons bench --breakdown --compile` adds `torch.compile` (its first step
-# compiles; on a CPU, torch.compile's default backend generates C++ and needs a C++ compiler,
-# which the bench looks for and names when it is missing).
+# So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are, and
+# how much of the step is not matmuls. The collapsed output's last table times three
+# changes that shrink the second part: `grad_stats=False` (no per-step gradient statistics,
+# which lessons 03 and 04 read), then `AdamW(foreach=True)` and `AdamW(fused=True)` (a few
+# large kernels instead of a loop over tensors). `python -m amp_lessons bench --breakdown
+# --compile` adds `torch.compile`.
 #
 # ## Master weights: why not `model.half()`?
 #
@@ -477,41 +434,59 @@ from amp_lessons.master import eps_in
 {p: f"{eps_in(p):.3g}" for p in ("fp32", "bf16", "fp16")}
 
 # %% [markdown]
-# In float16, `eps` is 0. Where a gradient is small, `v = g²` underflows to 0 too, and
-# `m / (sqrt(v) + eps)` divides by zero. One Adam step with the same gradients:
+# In float16, `eps` is 0. After its first step Adam's second moment is
+# `v = (1 - β2) g² = 0.001 g²`, which rounds to 0 in float16 below half its smallest
+# subnormal, and there `m / (sqrt(v) + eps)` divides by zero (0/0 where the gradient is 0
+# too). One step with the same gradients, in Adam's for-loop implementation (torch's
+# default on a CPU; on CUDA its default is `foreach`):
 
 # %%
+tiny16 = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2
+g_min = (tiny16 / 0.001) ** 0.5
+print(f"0.001 g² rounds to 0 in float16 where |g| < {g_min:.2g}: "
+      f"{measured((magnitudes < g_min).double().mean().item(), '.0%')} of the nonzero gradients")
 for r in lost_updates(trained, grads, lr=1e-3, optimizer="adam").values():
     print(r.line())
 
 # %% [markdown]
-# That was Adam's default implementation (a for-loop or `foreach`, torch's choice for the
-# device). The fused one, `Adam(fused=True)`, takes the same step on the same `.half()`
-# weights:
+# torch has three Adam implementations: the for-loop, `foreach=True` and `fused=True`.
+# `half_adam` takes five steps of each on a `.half()` copy of the trained model, counting
+# the weights that are inf/NaN after each step and the largest change of one finite weight:
 
 # %%
-halves = [w.detach().half().requires_grad_() for w in trained.parameters()]
-for w, g in zip(halves, grads):
-    w.grad = g.half()
-try:
-    torch.optim.Adam(halves, lr=1e-3, fused=True).step()
-    print("Adam(fused=True) on .half() weights: inf/NaN weights after one step:",
-          sum(int((~torch.isfinite(w)).sum()) for w in halves))
-except RuntimeError as err:
-    print(f"torch {torch.__version__} has no fused Adam for {device.type} half tensors: {str(err).splitlines()[0]}")
+from amp_lessons.master import ADAM_IMPLEMENTATIONS, half_adam
+
+adam = {impl: half_adam(trained, data, impl, device=device) for impl in ADAM_IMPLEMENTATIONS}
+for run in adam.values():
+    print(run.line())
+
+# %% [markdown]
+# The fused kernel keeps `eps` and its arithmetic in float32, so its first step is finite;
+# but it stores `v` back in float16, where it rounds to 0. From step 2 on, `m` still
+# remembers the earlier gradients while `v` has forgotten them, and the steps grow far past
+# the learning rate:
+
+# %%
+for impl in ("for-loop", "foreach"):
+    print(at_least(f"{impl}: one step makes at least half of the {n_weights:,} weights inf/NaN",
+                   adam[impl].nonfinite[0] / n_weights, 0.5, ".0%"))
+fused = adam["fused"]
+if fused.error is None:
+    print(check("fused: every weight is finite after step 1", fused.nonfinite[0] == 0))
+    print(at_least("fused: after step 1, exp_avg_sq is 0 in float16 for at least half the nonzero gradients",
+                   fused.v_zero / fused.nonzero_grads, 0.5, ".0%"))
+    print(at_least("fused: step 2 changes a weight by over 100x the learning rate",
+                   fused.largest_change[1] / fused.lr, 100, ".3g"))
+    print(at_least("fused: weights are inf/NaN by step 5", max(fused.nonfinite), 1, ","))
 
 # %% [markdown]
 # ## TF32: `set_float32_matmul_precision("high")`
 #
 # The card: *"lets float32 matmuls use TF32 tensor cores on NVIDIA GPUs, a near-free
 # speedup for code you do not convert."* TF32 is not a storage format: tensors stay
-# float32, but an Ampere-or-newer tensor core multiplies each matmul input with only 10 of
-# float32's 23 mantissa bits (lesson 01: PyTorch's CUDA notes speak of rounding the inputs to
-# 10 bits, its numerical-accuracy notes of reading only the first 10 bits).
-# `tf32_error` rounds the inputs to 10 bits (round to nearest even), so the precision cost
-# shows on any device; on an NVIDIA GPU with TF32 it also measures the real thing.
-# `make gpu-check` includes a check of whether a GPU truncates or rounds; the stored
-# outputs come from a CPU, where it does not run.
+# float32, but an Ampere-or-newer tensor core multiplies with only 10 of each input's 23
+# mantissa bits (lesson 01). `tf32_error` rounds the inputs to 10 bits, so the precision
+# cost shows on any device; on an NVIDIA GPU with TF32 it also measures the real thing.
 #
 # **Predict**: will TF32's error be closer to float32's or to bfloat16's?
 
@@ -534,11 +509,9 @@ print(check("'high' changes this device's float32 matmul only where it has a TF3
             err.high_changes_result <= tf32_path))
 
 # %% [markdown]
-# `"high"` is not only a CUDA setting: in this release it also asks oneDNN, the library
-# behind many CPU matmuls, for TF32 math (`torch.backends.mkldnn.matmul.fp32_precision`,
-# since torch 2.9), which torch hands to oneDNN only on x86 CPUs with AMX-FP16 (lesson 00).
-# To oneDNN that is a permission, not an order ("implicit f32->tf32 conversions allowed").
-# What the setting asks of each backend:
+# `"high"` also asks oneDNN, the library behind many CPU matmuls, for TF32
+# (`torch.backends.mkldnn.matmul.fp32_precision`), which torch passes on only on x86 CPUs
+# with AMX-FP16 (lesson 00). What the setting asks of each backend:
 
 # %%
 before = torch.get_float32_matmul_precision()
@@ -547,18 +520,11 @@ print({"cuda": torch.backends.cuda.matmul.fp32_precision, "mkldnn": torch.backen
 torch.set_float32_matmul_precision(before)
 
 # %% [markdown]
-# `"medium"` is another matter, and not the same one everywhere. On an NVIDIA GPU it means
-# TF32, exactly as `"high"` does: PyTorch's CUDA backend has no bf16 mode for float32 matmuls
-# (`torch.backends.cuda.matmul.fp32_precision = "bf16"` is refused). On a CPU it sets
-# oneDNN's float32 matmuls to "bf16" (both in `Context::setFloat32MatmulPrecision`,
-# aten/src/ATen/Context.cpp), and two things must agree before the math is bf16. Torch
-# sends a float32 matmul to oneDNN with that permission only where oneDNN's bf16 device
-# check passes (`use_mkldnn_bf32_matmul`, aten/src/ATen/native/mkldnn/Matmul.cpp); oneDNN
-# then uses it only in a kernel that implements it. On the CPU of the stored outputs
-# (AVX512-BF16, no AMX) torch did send it, but `ONEDNN_VERBOSE=1` shows oneDNN running its
-# float32 `brg_matmul:avx512_core` kernel with `attr-fpmath:bf16` attached: a different
-# kernel from `"highest"`'s, with float32's error. **Predict** which error this device's
-# float32 matmul has under `"medium"`:
+# `"medium"` is the setting to watch. On an NVIDIA GPU it means TF32, as `"high"` does
+# (PyTorch's CUDA backend has no bf16 mode for float32 matmuls). On a CPU it allows oneDNN
+# to compute float32 matmuls in bf16: torch passes that on where its bf16 check of the CPU
+# passes, and oneDNN uses it where it has a kernel for it (Sources).
+# **Predict** which error this device's float32 matmul has under `"medium"`:
 
 # %%
 from amp_lessons.matmul import medium_levels
@@ -575,9 +541,8 @@ print(f"here, 'medium' gives {err.medium_level}-level error")
 
 # %% [markdown]
 # Where oneDNN does take bf16, a float32 model under `"medium"` silently computes its
-# matmuls with bf16's 7-bit mantissa (on an NVIDIA GPU, with TF32's 10 bits). That is the
-# trade the setting names; make it knowingly. On an NVIDIA GPU with TF32 the speedup of
-# `"high"` is measured here:
+# matmuls with bf16's 7-bit mantissa (on an Ampere-or-newer NVIDIA GPU, with TF32's 10
+# bits): make that trade knowingly. On such a GPU the speedup of `"high"` is measured here:
 
 # %%
 from amp_lessons.matmul import tf32_speedup
@@ -586,11 +551,10 @@ speedup = tf32_speedup(device=device)
 print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
 
 # %% [markdown]
-# One more thing tensor cores care about: shapes. cuBLAS feeds matmuls to tensor cores most
-# efficiently when the dimensions are multiples of 16 bytes: of 8 for fp16 and bf16, of 4
-# for TF32, which is why vocabularies and hidden sizes get padded (GPT-2's 50257 tokens to
-# 50304, a multiple of 64, in nanoGPT). On a CUDA GPU the cell below times a 4096 matmul
-# against a 4095 one in the precision recommended there; a CPU has no tensor cores:
+# Tensor cores also care about shapes: cuBLAS uses them best when the dimensions are
+# multiples of 16 bytes (of 8 in fp16 and bf16, of 4 in TF32), which is why nanoGPT pads
+# GPT-2's 50257 tokens to 50304. On a CUDA GPU the cell below times a 4096 matmul against a
+# 4095 one; a CPU has no tensor cores:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -614,18 +578,16 @@ else:
 # - bfloat16 needs no scaler; float16 needs GradScaler: the ranges in
 #   [01 number formats](01_number_formats.ipynb), the flushed gradients and the scaler
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
-# - Keep master weights in float32: the lost updates and Adam's zero `eps` above.
-# - The MLPs' activation bytes halve under bf16 and fp16 (a transformer block keeps more:
-#   its float32 residual stream makes the layer norms save float32), but the weights,
-#   gradients and optimizer state do not shrink, so for these MLPs a doubled batch does not
-#   fit.
-# - The speedup needs 16-bit matmuls faster than float32's (tensor cores, AMX, or a CPU's
-#   AVX512-BF16 for bf16, by what the bench measures); the matmul share of the step,
-#   through Amdahl's law, estimates it: `python -m amp_lessons bench --breakdown`.
-# - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs; it
-#   also asks oneDNN for TF32, which torch passes on only on CPUs with AMX-FP16.
-#   `"medium"` means TF32 on those GPUs too, and allows oneDNN bf16 for a CPU's float32
-#   matmuls, used where oneDNN has a kernel for it.
+# - Keep master weights in float32: the lost updates above, and Adam on `.half()` weights
+#   going inf/NaN in each of its three implementations.
+# - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block keeps
+#   more: its float32 residual stream makes the layer norms save float32); the weights,
+#   gradients and optimizer state do not shrink, so no batch twice as large fits.
+# - The speedup comes mostly from 16-bit matmuls faster than float32's (tensor cores, AMX);
+#   Amdahl's law on the matmul share estimates it: `python -m amp_lessons bench --breakdown`.
+# - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs, and
+#   on CPUs with AMX-FP16 where oneDNN takes it; `"medium"` also allows bf16 for a CPU's
+#   float32 matmuls.
 # - Which precision to use on a given machine: [00 start here](00_start_here.ipynb).
 #
 # ## Watch out
@@ -634,9 +596,9 @@ else:
 #   [04 clipping](04_clipping.ipynb) measured the threshold shrinking by the scale.
 # - A speed figure is a ratio measured on one machine: time precisions side by side in
 #   one process (warm-up, synchronize, median), as the bench does, before switching.
-# - `model.half()` with Adam's default (for-loop or foreach) implementation: `eps` becomes 0,
-#   and where a gradient is small (or zero) its weight becomes inf/NaN in one step (the fused one did not, above; the weights still
-#   lose the updates below half their spacing).
+# - `model.half()` with Adam: the for-loop and `foreach` kernels make weights inf/NaN in
+#   one step (`eps` and `v` are 0). The fused kernel's first step is finite; then its `v`,
+#   stored in float16 as 0, lets the steps grow until weights are inf/NaN too.
 #
 # ## Exercise: fix the setup
 #
@@ -653,8 +615,8 @@ print(inspect.getsource(broken_setup))
 # %% [markdown]
 # Copy it into the cell below as `def my_setup(device_type):`, fix it, and run the cell.
 # The checker inspects the dtype, the weights and the scaler, then trains five steps on the
-# digits with the card's recipe and looks for inf/NaN weights. As given, it checks
-# the broken setup:
+# digits with the card's recipe and looks for inf/NaN weights and weights that never moved.
+# As given, it checks the broken setup:
 
 # %%
 my_setup = broken_setup  # replace with your fixed copy: def my_setup(device_type): ...
@@ -666,26 +628,24 @@ check_setup(my_setup, device)
 #
 # What this lesson says of PyTorch and hardware that no cell computes here:
 #
-# - What `"highest"`, `"high"` and `"medium"` select: the docstring of
-#   `torch.set_float32_matmul_precision` (`torch/__init__.py`, whose note still says it affects only CUDA;
-#   docs page "torch.set_float32_matmul_precision"); the oneDNN side:
-#   the "MKLDNN backend" notes (`docs/source/notes/mkldnn.rst`, torch 2.9 on), and
-#   oneDNN's "Floating-point Math Mode" page (`dnnl_fpmath_mode_tf32`).
-# - TF32's inputs: PyTorch's CUDA semantics notes ("TensorFloat-32 (TF32) on Ampere (and
-#   later) devices", `docs/source/notes/cuda.rst`: "by rounding input data to have 10 bits
-#   of mantissa"); its numerical-accuracy notes (`docs/source/notes/numerical_accuracy.rst`:
-#   "only the first 10 bits of the input mantissa are read").
-# - `"medium"` on a CPU: `use_mkldnn_bf32_matmul` and `mkldnn_gemm` in
-#   `aten/src/ATen/native/mkldnn/Matmul.cpp`; oneDNN's `ONEDNN_VERBOSE` output names the
-#   kernel and its `attr-fpmath`.
+# - `"highest"`, `"high"` and `"medium"`: the docstring of
+#   `torch.set_float32_matmul_precision` (`torch/__init__.py`); per backend,
+#   `Context::setFloat32MatmulPrecision` (`aten/src/ATen/Context.cpp`) and the "MKLDNN
+#   backend" notes (`docs/source/notes/mkldnn.rst`); on a CPU, `use_mkldnn_bf32_matmul`
+#   and `mkldnn_gemm` (`aten/src/ATen/native/mkldnn/Matmul.cpp`) and oneDNN's
+#   "Floating-point Math Mode" page.
+# - TF32's 10 bits on Ampere and later: PyTorch's CUDA semantics notes
+#   (`docs/source/notes/cuda.rst`) and numerical-accuracy notes
+#   (`docs/source/notes/numerical_accuracy.rst`).
 # - Which ops autocast runs in float32, per device: the Autocast Op Reference,
 #   `docs/source/amp.md` (lesson 02 traces them).
 # - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
 #   whitepapers; AMX-BF16 and AMX-FP16: Intel's Architecture Instruction Set Extensions
 #   Programming Reference.
-# - Tensor cores and the 16-byte rule (multiples of 8 in fp16, of 4 in TF32): NVIDIA's "Matrix
-#   Multiplication Background User's Guide" (Deep Learning Performance docs); nanoGPT's
-#   vocabulary padded to 50304: karpathy/nanoGPT `train.py` / `model.py`.
-# - Memory-bound ops gain from 16-bit tensors on GPUs: NVIDIA's "Train With Mixed
-#   Precision" guide (Deep Learning Performance docs).
-# - `AdamW(foreach=True)` and `fused=True`: the `torch.optim.AdamW` docs.
+# - The 16-byte rule and memory-bound ops gaining from 16-bit tensors: NVIDIA's "Matrix
+#   Multiplication Background User's Guide" and "Train With Mixed Precision" guide (Deep
+#   Learning Performance docs); nanoGPT's vocabulary of 50304: karpathy/nanoGPT `model.py`.
+# - Adam's `foreach` and `fused`: the `torch.optim.Adam` docs; the default (foreach on
+#   CUDA, the for-loop on a CPU): `_default_to_fused_or_foreach` in
+#   `torch/optim/optimizer.py`; the fused kernel's float32 arithmetic on 16-bit tensors
+#   (`opmath_t`): `aten/src/ATen/native/cpu/FusedAdamKernel.cpp`.

@@ -158,10 +158,17 @@ def test_lesson_figures_have_titles_from_the_data():
     fig = plots.side_by_side(result)
     assert isinstance(fig, matplotlib.figure.Figure)
     assert "activations 0." in fig._suptitle.get_text()
+    gap = max(abs(a - b) for a, b in zip(result.runs["bf16"].losses, result.runs["fp32"].losses))
+    assert "the curves overlap (largest gap to fp32's at one step" in fig.axes[0].get_title()
+    assert f"≈{gap:.2g})" in fig.axes[0].get_title() or gap == 0
     mm = bench.run_bench(("mlp",), ("fp32", "bf16"), "cpu", {"mlp": bench.Sizes(16, 1, 4)},
                          warmup=0, repeats=1, matmul_sizes=(16, 32))
     title = plots.matmul_rates(mm).axes[0].get_title()
     assert "bf16" in title and "best matmul rate vs fp32's best" in title  # the ratio the reasons print
+    rates = plots.matmul_rates(mm)
+    rates.canvas.draw()
+    legend, axes = rates.axes[0].get_legend().get_window_extent(), rates.axes[0].get_window_extent()
+    assert legend.x0 >= axes.x1 - 1  # beside the bars, not on them
     fig = plots.lost_updates([1e-1, 1e-2, 1e-3], {"fp32 master": [0, 0, 0.01], "model.half()": [0.1, 0.5, 0.9]})
     assert "model.half() loses 50%" in fig.axes[0].get_title()
     fig = plots.lost_updates([1e-1, 1e-2, 1e-3], {"fp32 master": [0, 0, 0.01], "model.half()": [0.1, 0.5, 0.9]},
@@ -170,6 +177,7 @@ def test_lesson_figures_have_titles_from_the_data():
     with pytest.raises(ValueError, match="not one of the learning rates plotted"):
         plots.lost_updates([1e-1, 1e-2], {"fp32 master": [0, 0], "model.half()": [0, 0]}, at_lr=3e-3)
     assert all(ax.get_ylabel() for f in (fig,) for ax in f.axes)
+    assert "nonzero updates" in fig.axes[0].get_ylabel()
 
 
 def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
@@ -195,6 +203,8 @@ def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
     (once,) = bench.share_reasons(result, ["fp32", "bf16", "fp16"])
     assert "34% of fp32's peak rate" in once and "bf16 (3.10x) 1.30x, fp16 (0.01x)" in once
     assert "infinitely fast matmuls: 1.52x" in once
+    (plain,) = bench.share_reasons(result, ["fp32", "bf16", "fp16"], amdahl=False)
+    assert "34% of fp32's peak rate" in plain and "Amdahl" not in plain and "infinitely" not in plain
     # a profiled share wins over the rate estimate; a lesson's own step rate is read too
     cats = dict.fromkeys(bench.bd.CATEGORIES, 0.0)
     result.breakdowns = [bench.bd.Breakdown("mlp", "fp32", {**cats, "forward matmuls": 35.0,

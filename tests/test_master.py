@@ -99,7 +99,9 @@ def test_the_exercise_checker_finds_the_bugs_and_passes_the_fix():
     broken = check_setup(broken_setup, "cpu", steps=3)
     text = str(broken)
     assert not broken.passed
-    assert "keep the weights float32" in text and "without a GradScaler" in text and "eps=1e-08" in text
+    assert "in which dtype do small updates survive?" in text and "without a GradScaler" in text
+    assert "eps=1e-08" in text and "0.001 g^2" in text
+    assert "keep the weights float32" not in text  # a hint, not the fix
     assert "inf/NaN" in text
 
     def fixed(device_type):
@@ -160,3 +162,63 @@ def test_eps_zero_stays_zero_and_an_empty_lr_list_gives_empty_curves():
 
 def test_spacing_takes_a_precision_name_as_eps_in_does():
     assert torch.equal(spacing(torch.ones(2), "fp16"), spacing(torch.ones(2), torch.float16))
+
+
+def test_half_adam_for_loop_and_foreach_make_nan_in_one_step_and_fused_later():
+    from amp_lessons.master import ADAM_IMPLEMENTATIONS, half_adam
+
+    torch.manual_seed(0)
+    net, data = mlp(64, 64, 10, depth=2), digits()
+    runs = {impl: half_adam(net, data, impl, steps=3) for impl in ADAM_IMPLEMENTATIONS}
+    n = sum(p.numel() for p in net.parameters())
+    assert all(p.dtype == torch.float32 for p in net.parameters())  # the model is not changed
+    for impl in ("for-loop", "foreach"):
+        assert runs[impl].n_weights == n and runs[impl].nonfinite[0] > n // 2  # eps = 0, v = 0
+    fused = runs["fused"]
+    if fused.error is None:  # torch has a fused fp16 Adam for this device
+        assert fused.nonfinite[0] == 0  # eps and the arithmetic stay float32
+        assert fused.v_zero > fused.nonzero_grads // 2  # but v is stored in float16, zeroed
+        assert fused.largest_change[1] > 100 * fused.lr  # and step 2 divides by the v that forgot
+    line = runs["for-loop"].line()
+    assert "inf/NaN" in line and line.endswith("≈nan")  # no finite weight left to have changed
+    with pytest.raises(ValueError, match="implementation must be one of for-loop, foreach, fused"):
+        half_adam(net, data, "apex")
+    with pytest.raises(ValueError, match="steps must be an int >= 2"):
+        half_adam(net, data, "fused", steps=1)
+
+
+def _setup_with(**change):
+    def setup(device_type):
+        model = mlp(64, 64, 10).to(device_type)
+        pieces = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=change.get("lr", 1e-3)),
+                  "scaler": torch.amp.GradScaler(device_type), "dtype": torch.float16}
+        if change.get("half"):
+            model.half()
+            pieces["optimizer"] = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        pieces.update({k: v for k, v in change.items() if k in pieces})
+        return tuple(pieces.values())
+    return setup
+
+
+def test_the_exercise_checker_refuses_a_setup_that_does_not_train():
+    from amp_lessons.exercises import check_setup
+
+    verdict = check_setup(_setup_with(lr=0.0), "cpu", steps=2)
+    assert not verdict.passed and "no weight has changed" in str(verdict) and "learning rate" in str(verdict)
+
+
+def test_the_exercise_checker_names_a_missing_scaler_instead_of_crashing():
+    from amp_lessons.exercises import check_setup
+
+    verdict = check_setup(_setup_with(scaler=None), "cpu", steps=2)
+    assert not verdict.passed and "the scaler must be a torch.amp.GradScaler; got NoneType" in str(verdict)
+    verdict = check_setup(lambda device_type: (1, 2), "cpu")
+    assert not verdict.passed and "must return four things" in str(verdict)
+
+
+def test_the_exercise_checker_blames_v_not_eps_for_fused_adam_on_half_weights():
+    from amp_lessons.exercises import check_setup
+
+    text = str(check_setup(_setup_with(half=True, scaler=torch.amp.GradScaler("cpu", enabled=False)), "cpu",
+                           steps=2))
+    assert "exp_avg_sq" in text and "fused kernel" in text and "eps=" not in text

@@ -184,3 +184,41 @@ def test_where_weight_copies_outweigh_the_saving_16_bit_fits_a_smaller_batch():
     # 16 examples of a 64-wide MLP: the 16-bit weight copies cost more than the activations save
     cost = doubled_batch(mlp(32, 64, 10, depth=2), torch.randn(16, 32), torch.randint(0, 10, (16,)), ["bf16"])
     assert cost.batch_in_fp32_memory("bf16") < 16
+
+
+def test_the_batch_ratio_approaches_the_bytes_per_example_ratio_and_stays_under_2():
+    from amp_lessons.measure import doubled_batch
+
+    model = mlp(32, 64, 10, depth=2)
+    small = doubled_batch(model, torch.randn(16, 32), torch.randint(0, 10, (16,)), ["bf16"])
+    large = doubled_batch(model, torch.randn(4096, 32), torch.randint(0, 10, (4096,)), ["bf16"])
+    limit = small.ratio_limit("bf16")
+    assert limit == large.ratio_limit("bf16")  # bytes per example do not depend on the batch
+    # by hand: fp32 saves 4 bytes a value, bf16 2, but the loss's log_softmax stays float32
+    # and the labels int64 in both, so the ratio is below 2
+    one, two = small.rows["fp32"]
+    mine, mine2 = small.rows["bf16"]
+    assert limit == (two.activations - one.activations) / (mine2.activations - mine.activations)
+    assert 1.5 < limit < 2
+    ratios = [c.batch_in_fp32_memory("bf16") / c.batch for c in (small, large)]
+    assert ratios[0] < ratios[1] < limit
+
+
+def test_saved_by_layer_adds_up_to_the_activations_and_leaves_the_weight_copies_out():
+    from amp_lessons.measure import saved_by_layer
+    from amp_lessons.models import TransformerBlock
+
+    block, tokens = TransformerBlock(), torch.zeros(2, 4, 64)
+    for precision in ("fp32", "bf16"):
+        by_layer = saved_by_layer(block, tokens, precision)
+        kept = saved_memory(block, tokens, precision=precision)
+        assert sum(by_layer.values()) == kept.activation_bytes
+        assert {layer for layer, _ in by_layer} <= {name for name, _ in block.named_children()} | {"<model>"}
+    assert ("ln1", "float32") in by_layer and ("mlp", "bfloat16") in by_layer
+    # a single Linear: its input (2*4*64 bf16 values) is saved, its weight's bf16 copy is not counted here
+    seq = nn.Sequential(nn.Linear(64, 8))
+    x = torch.randn(8, 64, requires_grad=True)
+    assert saved_by_layer(seq, x, "bf16") == {("0", "bfloat16"): 8 * 64 * 2}
+    assert not seq[0]._forward_hooks and not seq[0]._forward_pre_hooks
+    with pytest.raises(ValueError, match="must be a torch.nn.Module"):
+        saved_by_layer("block", x)

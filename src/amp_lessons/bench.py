@@ -760,10 +760,12 @@ def _fp32_shares(result: BenchResult, step_rates: dict | None) -> dict:
     return shares
 
 
-def share_reasons(result: BenchResult, precisions, step_rates: dict | None = None) -> list[str]:
-    """Each fp32 step's matmul share once, with Amdahl's estimate for every 16-bit precision
-    in ``precisions`` (their best matmul rate against fp32's best), for lesson 05, which
-    prints :func:`speed_reasons` per precision with ``with_shares=False`` and this after."""
+def share_reasons(result: BenchResult, precisions, step_rates: dict | None = None,
+                  amdahl: bool = True) -> list[str]:
+    """Each fp32 step's matmul share once, with (``amdahl=True``) Amdahl's estimate for every
+    16-bit precision in ``precisions`` (their best matmul rate against fp32's best), for
+    lesson 05, which prints :func:`speed_reasons` per precision with ``with_shares=False``
+    and this after (without Amdahl: its breakdown section says it once)."""
     fp32 = result.peak("fp32")
     ratios = {}
     for p in precisions:
@@ -773,7 +775,7 @@ def share_reasons(result: BenchResult, precisions, step_rates: dict | None = Non
     out = []
     for label, (share, profiled) in _fp32_shares(result, step_rates).items():
         text = _share_reason(label, share, profiled, "fp32", None)
-        if ratios and share > 0:
+        if amdahl and ratios and share > 0:
             text += ("; Amdahl's law, with only the matmuls at each precision's best-size ratio and "
                      "nothing else changed: " + ", ".join(
                          f"{p} ({r:.2f}x) {bd.amdahl_bound(share, r):.2f}x" for p, r in ratios.items()))

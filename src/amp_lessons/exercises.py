@@ -585,18 +585,55 @@ def broken_setup(device_type: str = "cpu"):
 
 _SETUP_ERROR_HINTS = {
     "Attempting to unscale FP16 gradients": "GradScaler refuses float16 gradients, which come "
-    "from float16 weights: model.half() made them. Keep the weights float32; autocast casts "
-    "them for each matmul, and the gradients it returns are float32",
+    "from float16 weights: model.half() made them. Which dtype does autocast expect the "
+    "weights to be in?",
 }
+
+
+def _setup_pieces(setup, dev) -> tuple[tuple | None, str | None]:
+    """``setup(dev.type)``'s four pieces, or why they are not usable (lesson 05's checker)."""
+    try:
+        pieces = setup(dev.type)
+    except Exception as err:
+        return None, f"setup({dev.type!r}) raised {type(err).__name__}: {err}"
+    if not isinstance(pieces, tuple) or len(pieces) != 4:
+        return None, (f"setup({dev.type!r}) must return four things, (model, optimizer, scaler, dtype); "
+                      f"got {type(pieces).__name__}" + (f" of {len(pieces)}" if isinstance(pieces, tuple) else ""))
+    kinds = ((torch.nn.Module, "model", "a torch.nn.Module"), (torch.optim.Optimizer, "optimizer",
+             "a torch.optim optimizer"), (torch.amp.GradScaler, "scaler", "a torch.amp.GradScaler"),
+             (torch.dtype, "dtype", "a torch dtype"))
+    for value, (kind, name, what) in zip(pieces, kinds):
+        if not isinstance(value, kind):
+            return None, f"the {name} must be {what}; got {type(value).__name__}"
+    return pieces, None
+
+
+def _half_weights_finding(low, params, optimizer) -> str:
+    """What 16-bit weights do, said as a question (lesson 05 measures the answer)."""
+    text = (f"{len(low)} of {len(params)} parameter tensors are {low[0].dtype}: an optimizer adds "
+            "its updates to these weights; in which dtype do small updates survive? (autocast "
+            "casts weights for the matmuls itself)")
+    group = next((g for g in optimizer.param_groups if g.get("eps") and g["params"]), None)
+    if group is None or "betas" not in group:
+        return text
+    if group.get("fused"):
+        return text + (f". The same mistake stores Adam's exp_avg_sq in {low[0].dtype}, where "
+                       f"v = (1 - beta2) g^2 = {1 - group['betas'][1]:g} g^2 rounds to 0 for small gradients: "
+                       "the fused kernel then divides by a v that forgot the past gradients")
+    if eps_in(low[0].dtype, group["eps"]) == 0:
+        return text + (f". The same mistake makes Adam's eps={group['eps']:g} 0 in {low[0].dtype}, and "
+                       f"v = (1 - beta2) g^2 = {1 - group['betas'][1]:g} g^2 rounds to 0 for small gradients: "
+                       "m / (sqrt(v) + eps) divides by zero")
+    return text
 
 
 def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     """Check ``setup(device_type) -> (model, optimizer, scaler, dtype)`` for mixed precision.
 
     The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
-    (and, where they are 16-bit, what that does to Adam's eps), the GradScaler (on, and for
-    the right device); then trains ``steps`` steps
-    on the digits with the card's recipe and looks for inf/NaN weights. Used in 05.
+    (and, where they are 16-bit, what that does to Adam), the GradScaler (on, and for the
+    right device); then trains ``steps`` steps on the digits with the card's recipe and
+    looks for inf/NaN weights and for weights that never moved. Used in 05.
     """
     dev = pick_device(device)
     findings: list[str] = []
@@ -607,10 +644,10 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
         passed = False
         findings.append(text)
 
-    try:
-        model, optimizer, scaler, dtype = setup(dev.type)
-    except Exception as err:
-        return Verdict(False, [f"setup({dev.type!r}) raised {type(err).__name__}: {err}"])
+    pieces, why = _setup_pieces(setup, dev)
+    if pieces is None:
+        return Verdict(False, [why])
+    model, optimizer, scaler, dtype = pieces
     if dtype == torch.bfloat16:
         bug("dtype is torch.bfloat16, but the task is a float16 run: keep float16 and make that "
             "run train safely (bfloat16 is the right choice elsewhere, not the answer here)")
@@ -619,13 +656,7 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     params = list(model.parameters())
     low = [p for p in params if p.dtype != torch.float32]
     if low:
-        text = (f"{len(low)} of {len(params)} parameter tensors are {low[0].dtype}: keep the weights "
-                "float32 (no model.half()); autocast casts them for the matmuls")
-        eps = next((g.get("eps") for g in optimizer.param_groups if g.get("eps") and g["params"]), None)
-        if eps is not None and eps_in(low[0].dtype, eps) == 0:
-            text += (f". The same mistake makes Adam's eps={eps:g} 0 in {low[0].dtype}: m / (sqrt(v) + eps) "
-                     "divides by zero where gradients are small")
-        bug(text)
+        bug(_half_weights_finding(low, params, optimizer))
     else:
         findings.append("right: the weights are float32 (master weights)")
     scaler_device = getattr(scaler, "_device", dev.type)
@@ -644,15 +675,18 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
         bug(f"the GradScaler is for {scaler_device!r} but the model runs on {dev.type!r}: "
             "it needs to be built for the model's device")
     data = digits()
-    losses = []
+    losses, skipped = [], 0
+    start = [p.detach().clone() for p in params]
     try:
         for i in range(steps):
             x, y = (t.to(dev) for t in data.batch(i, 64))
             with torch.autocast(dev.type, dtype=dtype):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
+            scale = scaler.get_scale() if scaler.is_enabled() else None
             scaler.step(optimizer)
             scaler.update()
+            skipped += scale is not None and scaler.get_scale() < scale  # the scale falls on a skipped step
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
     except Exception as err:
@@ -660,13 +694,19 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
         hint = next((h for key, h in _SETUP_ERROR_HINTS.items() if key in msg), "")
         bug(f"training raised {type(err).__name__}: {msg}" + (f" ({hint})" if hint else ""))
         return Verdict(passed, findings)
-    bad = sum(int((~torch.isfinite(p)).sum()) for p in model.parameters())
-    total = sum(p.numel() for p in model.parameters())
+    bad = sum(int((~torch.isfinite(p)).sum()) for p in params)
+    total = sum(p.numel() for p in params)
+    moved = sum(int((p.detach() != s).sum()) for p, s in zip(params, start))
     if bad:
         bug(f"after {steps} steps {measured(bad, ',')} of {total:,} weights are inf/NaN")
+    elif not moved and skipped == steps:
+        bug(f"the GradScaler skipped all {steps} steps (inf/NaN gradients each time), so no weight changed")
+    elif not moved:
+        bug(f"after {steps} steps no weight has changed: look at what the optimizer was given, "
+            "its learning rate first")
     else:
-        findings.append(f"after {steps} steps every weight is finite; loss {measured(losses[0], '.2f')} -> "
-                        f"{measured(losses[-1], '.2f')}")
+        findings.append(f"after {steps} steps every weight is finite and {measured(moved / total, '.0%')} of "
+                        f"them changed; loss {measured(losses[0], '.2f')} -> {measured(losses[-1], '.2f')}")
     return Verdict(passed, findings)
 
 

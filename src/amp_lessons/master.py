@@ -7,8 +7,12 @@ training. Two measured reasons, both on the same gradients:
   weight: in fp16 (10 mantissa bits) a weight of 0.05 ignores any update below ~1.5e-5,
   which is most of what SGD applies. :func:`lost_updates` counts the weights one step
   failed to change, on fp32 master weights and on a ``.half()`` copy.
-- Adam's ``eps=1e-8`` is 0 in fp16 (:func:`eps_in`), and its second moment ``g**2``
-  underflows, so ``m / (sqrt(v) + eps)`` divides by zero: weights become inf/NaN.
+- Adam's ``eps=1e-8`` is 0 in fp16 (:func:`eps_in`), and after its first step the second
+  moment ``v = (1 - beta2) * g**2 = 0.001 * g**2`` underflows to 0 wherever ``|g|`` is
+  below ~5.5e-3, so the for-loop and foreach kernels' ``m / (sqrt(v) + eps)`` divide by
+  zero: weights become inf/NaN. The fused kernel keeps eps and its arithmetic in float32,
+  but stores ``v`` back in fp16, zeroed: from the second step on, ``m`` remembers past
+  gradients that ``v`` forgot, and the steps grow far past ``lr`` (:func:`half_adam`).
 
 Used in 05_putting_it_together.
 """
@@ -128,7 +132,8 @@ def _one_step(params: list[torch.Tensor], grads: list[torch.Tensor], optimizer: 
     for leaf, g in zip(leaves, grads):
         leaf.grad = g.to(leaf.dtype)
     kwargs = {"lr": lr} if optimizer == "sgd" else {"lr": lr, "eps": eps}
-    # foreach=False: the plain per-tensor kernels, the same arithmetic in every dtype
+    # foreach=False: the for-loop kernels (torch's default on a CPU; CUDA's is foreach),
+    # the same arithmetic in every dtype, float64 included
     OPTIMIZERS[optimizer](leaves, foreach=False, **kwargs).step()
     return [leaf.detach() for leaf in leaves]
 
@@ -137,7 +142,7 @@ def lost_updates(model: nn.Module, grads: list[torch.Tensor], lr: float, optimiz
                  eps: float = 1e-8) -> dict[str, LostUpdates]:
     """One step with the same gradients on fp32 master weights and on ``model.half()``.
 
-    The exact update comes from the same optimizer run in float64. Keys: ``"fp32 master"``
+    The step is the optimizer's for-loop implementation (``foreach=False``). The exact update comes from the same optimizer run in float64. Keys: ``"fp32 master"``
     and ``"model.half()"``. The model is not changed.
     """
     params = [p.detach().float() for p in model.parameters()]
@@ -180,3 +185,83 @@ def lost_fraction_by_lr(model: nn.Module, grads: list[torch.Tensor], lrs, optimi
         for label, result in lost_updates(model, grads, lr, optimizer).items():
             out[label].append(result.fraction)
     return out
+
+
+# Adam's three implementations in torch, by the keyword that selects each.
+ADAM_IMPLEMENTATIONS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+@dataclass(frozen=True)
+class HalfAdam:
+    """Adam steps on a ``.half()`` copy of a model, one implementation (:func:`half_adam`).
+
+    Per step: ``losses`` (before the step), ``nonfinite`` (weights inf/NaN after it) and
+    ``largest_change`` (the largest change of one weight that stayed finite, 0 if none did); ``v_zero`` counts the
+    weights whose first gradient was nonzero but whose ``exp_avg_sq``, stored in float16,
+    is exactly 0 after step 1, of ``nonzero_grads``. ``error`` says why no step ran.
+    """
+
+    implementation: str
+    lr: float
+    n_weights: int
+    losses: tuple[float, ...] = ()
+    nonfinite: tuple[int, ...] = ()
+    largest_change: tuple[float, ...] = ()
+    v_zero: int = 0
+    nonzero_grads: int = 0
+    error: str | None = None
+
+    def line(self) -> str:
+        """Inf/NaN weights and the largest finite weight change after each step (float16
+        kernels' figures, marked ``≈``)."""
+        if self.error:
+            return f"{self.implementation:<9} not run: {self.error}"
+        bad = " ".join(f"{measured(v, ','):>7}" for v in self.nonfinite)
+        # where every weight is inf/NaN there is no finite change: nan (masked like any ≈ figure)
+        moved = " ".join(f"{measured(math.nan if bad == self.n_weights else v, '.2g'):>7}"
+                         for v, bad in zip(self.largest_change, self.nonfinite))
+        return f"{self.implementation:<9} inf/NaN {bad}   largest change {moved}"
+
+
+def half_adam(model: nn.Module, data, implementation: str, steps: int = 5, lr: float = 1e-3,
+              batch_size: int = 64, device=None) -> HalfAdam:
+    """``steps`` steps of ``torch.optim.Adam`` (default eps) on a ``.half()`` copy of ``model``,
+    in one of :data:`ADAM_IMPLEMENTATIONS`, on the batches of ``data`` (a
+    :class:`~amp_lessons.data.Dataset`). The model is not changed. Used in 05."""
+    if implementation not in ADAM_IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {', '.join(ADAM_IMPLEMENTATIONS)}; got {implementation!r}")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps must be an int >= 2 (step 2 is where the fused kernel goes wrong); got {steps!r}")
+    _positive("lr", lr)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    half = copy.deepcopy(model).to(device).half()
+    params = list(half.parameters())
+    n_weights = sum(p.numel() for p in params)
+    try:
+        opt = torch.optim.Adam(params, lr=lr, **ADAM_IMPLEMENTATIONS[implementation])
+    except RuntimeError as err:  # a torch without this kernel for the device
+        return HalfAdam(implementation, lr, n_weights, error=str(err).splitlines()[0])
+    losses, nonfinite, largest, v_zero, nonzero = [], [], [], 0, 0
+    for i in range(steps):
+        x, y = (t.to(device) for t in data.batch(i, batch_size))
+        loss = F.cross_entropy(half(x.half()).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        before = [p.detach().clone() for p in params]
+        try:
+            opt.step()
+        except RuntimeError as err:
+            return HalfAdam(implementation, lr, n_weights, error=str(err).splitlines()[0])
+        losses.append(loss.item())
+        nonfinite.append(sum(int((~torch.isfinite(p)).sum()) for p in params))
+        changes = [(p.detach().float() - b.float()).abs() for p, b in zip(params, before)]
+        largest.append(max(float(torch.where(torch.isfinite(c), c, 0.0).max()) for c in changes))
+        if i == 0:
+            for p in params:
+                moved = p.grad != 0
+                nonzero += int(moved.sum())
+                v_zero += int((moved & (opt.state[p]["exp_avg_sq"] == 0)).sum())
+    return HalfAdam(implementation, lr, n_weights, tuple(losses), tuple(nonfinite), tuple(largest),
+                    v_zero, nonzero)

@@ -4,7 +4,8 @@
   memory" of the card's claim C2), deduplicated by storage, on any device. Under autocast
   the 16-bit copies of the weights are saved too: they are counted apart, as
   ``weight_copy_bytes``, so the activation figure compares like with like.
-- :func:`saved_memory` runs one forward pass + loss under a precision and meters it.
+- :func:`saved_memory` runs one forward pass + loss under a precision and meters it;
+  :func:`saved_by_layer` splits its activation bytes by the layer that saved them.
 - :func:`cuda_peak_memory` is the CUDA allocator's peak for one call (``None`` elsewhere).
 - :func:`step_flops` counts the matmul work of one training step, for achieved FLOP/s.
 - :func:`time_step` times a step right: warm-up calls, ``torch.cuda.synchronize()`` on
@@ -54,7 +55,8 @@ class SavedMemory:
     - ``weight_copy_bytes``: casts of parameters (autocast's 16-bit weight copies);
     - ``parameter_bytes``: the parameters themselves, saved by reference (no extra memory).
 
-    ``by_dtype`` splits ``activation_bytes`` by dtype name.
+    ``by_dtype`` splits ``activation_bytes`` by dtype name; ``by_layer`` by (layer, dtype
+    name), where the meter was told which layer runs (:func:`saved_by_layer`).
     """
 
     activation_bytes: int = 0
@@ -62,6 +64,7 @@ class SavedMemory:
     parameter_bytes: int = 0
     n_saved: int = 0
     by_dtype: dict[str, int] = field(default_factory=dict)
+    by_layer: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def activation_mb(self) -> float:
@@ -138,7 +141,8 @@ class SavedTensorsMeter:
         meter.result.activation_bytes
     """
 
-    def __init__(self, parameters=()):
+    def __init__(self, parameters=(), where: Callable[[], str] | None = None):
+        self._where = where  # the layer running now, for ``result.by_layer``
         if isinstance(parameters, nn.Module):
             parameters = parameters.parameters()
         self._params = [p for p in parameters]
@@ -165,6 +169,9 @@ class SavedTensorsMeter:
             self.result.activation_bytes += nbytes
             name = str(t.dtype).removeprefix("torch.")
             self.result.by_dtype[name] = self.result.by_dtype.get(name, 0) + nbytes
+            if self._where is not None:
+                at = (self._where(), name)
+                self.result.by_layer[at] = self.result.by_layer.get(at, 0) + nbytes
         return t
 
     def __enter__(self) -> SavedTensorsMeter:
@@ -194,6 +201,37 @@ def saved_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = Non
                 out = loss_fn(out, y)
     del out
     return meter.result
+
+
+def saved_by_layer(model: nn.Module, x: torch.Tensor, precision="fp32") -> dict[tuple[str, str], int]:
+    """Activation bytes one forward pass of ``model`` saves in ``precision``, by (child
+    layer, dtype name): forward hooks on ``model``'s direct children say which one is
+    running when autograd saves a tensor (``"<model>"`` between them). Weight copies and
+    parameters are left out, as in :func:`saved_memory`. Used in 05_putting_it_together.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    name = parse_precision(precision)
+    running = ["<model>"]
+
+    def enter(module, args, layer):
+        running.append(layer)
+
+    def leave(module, args, output):
+        running.pop()  # returns None: the layer's output stays as it is
+
+    hooks = [h for layer, child in model.named_children()
+             for h in (child.register_forward_pre_hook(lambda m, a, layer=layer: enter(m, a, layer)),
+                       child.register_forward_hook(leave))]
+    try:
+        with SavedTensorsMeter(model, where=lambda: running[-1]) as meter, float32_matmul_precision(name):
+            with torch.autocast(x.device.type, dtype=dtype_of(name), enabled=uses_autocast(name)):
+                out = model(x)
+        del out
+    finally:
+        for h in hooks:
+            h.remove()
+    return dict(sorted(meter.result.by_layer.items()))
 
 
 def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None,
@@ -501,6 +539,14 @@ class BatchCost:
                          f"{one.activations / MB:>12.2f}{one.total / MB:>9.2f}{two.total / MB:>10.2f}"
                          f"{(two.total - one.total) / MB:>8.2f}")
         return "\n".join(lines)
+
+    def ratio_limit(self, precision: str) -> float:
+        """The batch ratio ``precision`` fits in fp32's memory as the batch grows without end:
+        fp32's bytes per example over ``precision``'s (the weights' share vanishes). Exact
+        byte counts: under 2 wherever some saved bytes stay float32 (the loss) or int64 (labels)."""
+        one, two = self.rows["fp32"]
+        mine, mine2 = self.rows[parse_precision(precision)]
+        return (two.total - one.total) / (mine2.total - mine.total)
 
     def fits_lines(self) -> list[str]:
         """For each 16-bit precision: the largest batch it fits in fp32's memory at :attr:`batch`."""

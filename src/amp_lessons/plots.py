@@ -416,8 +416,11 @@ def side_by_side(result, memory: dict | None = None):
         # fp32 wide and pale underneath, so a run that tracks it stays visible on top
         style = dict(lw=4, alpha=0.4) if p == "fp32" else dict(lw=1.2, ls=("-", "--", ":")[i % 3])
         curves.plot(range(len(losses)), losses, color=color, label=p, **style)
+    gap = max((max(abs(a - b) for a, b in zip(runs[p].losses, runs[names[0]].losses)) for p in names[1:]
+               if runs[p].losses), default=None)
     curves.set(xlabel="optimizer step", ylabel="training loss\n(cross-entropy, nats)",
-               title="the same run in each precision")
+               title="the same run in each precision" + ("" if gap is None else
+                     f": the curves overlap (largest gap to {names[0]}'s at one step {measured(gap, '.2g')})"))
     curves.legend(frameon=False, fontsize=9)
     times.bar(names, [runs[p].ms for p in names], color=colors)
     times.set(ylabel="median ms per optimizer step", title="step time (this run; varies)")
@@ -476,7 +479,7 @@ def matmul_rates(result):
     ax.set(ylabel="achieved GFLOP/s (log scale)", xlabel="matrix size (n x n @ n x n)")
     if rows:
         ax.set_yscale("log")
-    ax.legend(frameon=False)
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not on them
     fp32 = result.peak("fp32")
     parts = [f"{p} {measured(result.peak(p)[0] / fp32[0], '.2f')}x" for p in names
              if p != "fp32" and fp32 and result.peak(p)]
@@ -499,7 +502,7 @@ def lost_updates(lrs, fractions: dict, optimizer: str = "sgd", at_lr: float | No
     for label, values in fractions.items():
         ax.plot(lrs, [100 * v for v in values], "o-", color=colors.get(label, "grey"), label=label)
     ax.set(xscale="log", xlabel=f"learning rate ({optimizer})",
-           ylabel="% of weights the step left unchanged", ylim=(-3, 103))
+           ylabel="% of the nonzero updates\nthe step left undone", ylim=(-3, 103))
     ax.legend(frameon=False)
     if at_lr is not None and at_lr not in lrs:
         raise ValueError(f"at_lr={at_lr:g} is not one of the learning rates plotted ({lrs}): pass one of them")

@@ -393,8 +393,8 @@ class Trainer:
 
     ``grad_stats``: with ``True`` (the default) every step records two exact statistics
     of the gradients: ``zero_frac``, the share of gradient values that are exactly zero
-    (what fp16 flushed, lessons 01 and 03), and ``grad_norm``, the L2 norm of all of them
-    together. Both read every gradient once more, a cost that grows with the number of
+    (what fp16 flushed, lesson 03), and ``grad_norm``, the L2 norm of all of them together
+    (lesson 04). Both read every gradient once more, a cost that grows with the number of
     parameters. ``False`` skips that read when only speed matters (``bench``): then
     ``zero_frac``, ``grad_norm`` and ``applied_norm`` are NaN, except that with
     ``clip_norm`` set, ``grad_norm`` and ``applied_norm`` are still recorded, because the
