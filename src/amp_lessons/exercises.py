@@ -258,52 +258,60 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
         skipped.append(optimizer_steps(opt) == taken)
         unchanged.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
     findings, passed = [], True
+
+    def good(text):
+        findings.append("✓ " + text)
+
+    def bad(text):
+        nonlocal passed
+        passed = False
+        findings.append("✗ " + text)
+
     truly = [i for i, s in enumerate(skipped) if s]
     applied = steps - len(truly)
     expected = sorted({*bad_batches, *overflow_batches})
     if truly == expected and all(unchanged[i] for i in truly):
-        findings.append(f"the optimizer skipped steps {truly}, the batches with an inf and the "
-                        f"overflow, and their weights stayed as they were; it applied the other {applied}")
+        good(f"the optimizer skipped steps {truly}, the batches with an inf and the "
+             f"overflow, and their weights stayed as they were; it applied the other {applied}")
     else:
-        passed = False
         reached = [i for i in expected if i not in truly]
         needless = [i for i in truly if i not in expected]
         if reached:
-            findings.append(f"the gradients of steps {reached} hold an inf, yet the optimizer stepped "
-                            "on them: let scaler.step(opt) decide (it skips a step whose gradients "
-                            "hold inf/NaN), with the loss scaled by scaler.scale(loss)")
+            bad(f"the gradients of steps {reached} hold an inf, yet the optimizer stepped "
+                "on them: let scaler.step(opt) decide (it skips a step whose gradients "
+                "hold inf/NaN), with the loss scaled by scaler.scale(loss)")
         if needless:
-            findings.append(f"steps {needless} were skipped although their batches were clean")
+            bad(f"steps {needless} were skipped although their batches were clean")
         if any(not unchanged[i] for i in truly):
-            findings.append("a skipped step still changed the weights")
+            bad("a skipped step still changed the weights")
     if any(not isinstance(a, (bool, torch.Tensor)) for a in returned):
-        passed = False
-        findings.append(f"step returned {[type(a).__name__ for a in returned][:3]}...; return a bool: "
-                        "True when the step was skipped")
+        bad(f"step returned {[type(a).__name__ for a in returned][:3]}...; return a bool: "
+            "True when the step was skipped")
     else:
         said = [i for i, a in enumerate(returned) if bool(a)]
         if said == truly:
-            findings.append(f"it returns True exactly on the skipped steps {said}")
+            good(f"it returns True exactly on the skipped steps {said}")
         else:
-            passed = False
             missed = [i for i in truly if i not in said and i in overflow_batches]
-            findings.append(f"it returns True on steps {said}, but the skipped steps were {truly}"
-                            + (f": the loss of step {missed[0]} was finite, only its scaled gradients "
-                               "overflowed, so a check of the loss or the inputs cannot see that skip; "
-                               "ask what GradScaler itself changes when it skips"
-                               if missed else ": what changes in GradScaler when it skips a step, "
-                               "and only then?"))
+            caught_some = any(i in said for i in bad_batches)  # it sees the batches with an inf
+            bad(f"it returns True on steps {said}, but the skipped steps were {truly}"
+                + (f": the loss of step {missed[0]} was finite, only its scaled gradients "
+                   "overflowed, so a check of the loss or the inputs cannot see that skip; "
+                   "ask what GradScaler itself changes when it skips"
+                   if missed and caught_some else ": what changes in GradScaler when it skips a step, "
+                   "and only then?"))
     if not all(torch.isfinite(p).all() for p in model.parameters()):
-        passed = False
-        findings.append("the weights now hold inf/NaN: a batch with an inf reached the optimizer")
+        bad("the weights now hold inf/NaN: a batch with an inf reached the optimizer")
     if scheduler.last_epoch == applied and not warned:
-        findings.append(f"the scheduler stepped {scheduler.last_epoch} times, once per applied "
-                        "optimizer step, with no lr_scheduler warning")
+        good(f"the scheduler stepped {scheduler.last_epoch} times, once per applied "
+             "optimizer step, with no lr_scheduler warning")
     else:
-        passed = False
-        findings.append(f"the scheduler stepped {scheduler.last_epoch} times for {applied} applied "
-                        "optimizer steps" + (" and warned: " + warned[0][:70] + "..." if warned else "")
-                        + "; call scheduler.step() only when the step was not skipped")
+        import textwrap
+
+        bad(f"the scheduler stepped {scheduler.last_epoch} times for {applied} applied "
+            "optimizer steps" + (" and warned: " + textwrap.shorten(warned[0], 80, placeholder=" ...")
+                                 if warned else "")
+            + "; call scheduler.step() only when the step was not skipped")
     return Verdict(passed, findings)
 
 # --- 04_clipping ---------------------------------------------------------------------

@@ -105,9 +105,11 @@ class FlushReport:
 
     def __str__(self) -> str:
         # Which values come out as zero depends on float kernels: the shares print with ≈.
+        nonzero = self.total - self.zero_reference
         return (f"{self.total:,} gradient values; exactly zero: fp32 {measured(self.zero_reference / self.total, '.1%')}, "
                 f"{self.name} {measured(self.zero_other / self.total, '.1%')}; {self.name} flushed "
-                f"{measured(self.flushed_fraction, '.1%')} of fp32's nonzero values")
+                f"{measured(self.flushed, ',')} of fp32's {measured(nonzero, ',')} nonzero values "
+                f"({measured(self.flushed_fraction, '.1%')})")
 
 
 def flush_report(reference: torch.Tensor, other: torch.Tensor, name: str = "fp16") -> FlushReport:
