@@ -23,7 +23,7 @@
 #
 # - the formats side by side: bits, largest value, smallest normal and subnormal, spacing;
 # - what each format keeps of `1 + 1e-4` and of `1e-8`;
-# - the histogram of your gradients with each format's range drawn over it, and a
+# - the histogram of your gradients with float16's and bfloat16's ranges drawn over it, and a
 #   loss-scale slider that moves it (what `GradScaler` does in lesson 03).
 
 # %%
@@ -72,10 +72,11 @@ print(f"training on {device.type}:", amp_lessons.hardware_report(measure=True).r
 # %% [markdown]
 # ## The formats side by side
 #
-# Every float is `sign x 1.mantissa x 2^(exponent - bias)`. More exponent bits reach
-# further from 1 in both directions; more mantissa bits put the numbers closer together.
-# Below the smallest *normal* number a format still has *subnormals*: the leading 1
-# becomes a 0, so they reach further down but with fewer significant bits.
+# Every *normal* float is `sign x 1.mantissa x 2^(exponent - bias)`. More exponent bits
+# reach further from 1 in both directions; more mantissa bits put the numbers closer
+# together. Below the smallest normal number a format still has *subnormals*, stored with
+# an exponent field of 0 and read as `0.mantissa x 2^(1 - bias)`: they reach further down
+# but with fewer significant bits.
 #
 # **Predict:** float16 and bfloat16 both have 16 bits. Which one has more mantissa bits?
 # Which one reaches smaller numbers?
@@ -86,9 +87,11 @@ from amp_lessons.formats import FORMATS, format_info, formats_table
 print(formats_table())
 
 # %% [markdown]
-# The figures come from `torch.finfo` for every format torch has a dtype for. TF32 is not
-# a dtype: an NVIDIA tensor core (Ampere and newer) multiplying float32 tensors keeps 10 of
-# each input's 23 mantissa bits, so its row follows from that layout. PyTorch's notes differ
+# The figures come from `torch.finfo` for every format torch has a dtype for (the smallest
+# subnormal is its `smallest_normal x eps`). TF32 is not a dtype: an NVIDIA tensor core
+# (Ampere and newer) keeps 10 of each float32 input's 23 mantissa bits when PyTorch lets it
+# (off by default for matmuls, on for cuDNN convolutions: the numerical-accuracy note), so
+# its row follows from that layout. PyTorch's notes differ
 # on whether the rest is cut or rounded (Sources); this course rounds to nearest (lesson 05
 # has more). The two fp8 formats are a preview of lesson 08.
 #
@@ -160,7 +163,9 @@ print(bits_of(1e-6, "fp16"))
 # %% [markdown]
 # The top end fails the other way: the largest float16 is 65504, and the next step up
 # would be 65536 (`2^16`). Values below 65520, halfway between the two, still round down to
-# 65504; from 65520 on, they are `inf`.
+# 65504; from 65520 on, they are `inf`. (That is rounding once, as the course's functions
+# do. torch's own cast of a *float64* tensor goes through float32 first, and can land on
+# 65520: `torch.tensor(65519.999, dtype=torch.float64).half()` is `inf`.)
 
 # %%
 for v in (65504.0, 65519.0, 65520.0):
@@ -227,8 +232,9 @@ print("all of them 0 in the recorded gradients:", bool((first_grad[:, blank_pixe
 
 # %% [markdown]
 # The second. Each hidden `Linear` here feeds a ReLU, so the gradient flowing into it (its
-# `grad_output`, one of the activation gradients) is 0 wherever the ReLU was off, and a
-# unit that was off for every image of the batch gives its weights a gradient of 0 too.
+# `grad_output`, one of the activation gradients) is 0 wherever the ReLU was off. A unit
+# that was off for every image of the batch gives a gradient of 0 to its own weights, and,
+# its output being 0 in every image, to the next layer's weights that read it too.
 # ReLU's own gradient, at three inputs, and the zeros of each kind:
 
 # %%
@@ -318,7 +324,9 @@ print(f"your gradients span {measured(span, '.1f')} powers of two; "
 
 # %% [markdown]
 # When the gradients span fewer powers of two than float16 does, they can all fit: they
-# only need to be moved up.
+# only need to be moved up. Fit counts the subnormals, though: float16's *normal* range
+# spans only 30 powers of two (2^-14 to 2^16), fewer than these gradients do, so some stay
+# subnormal at any scale. The exercise below asks for 99% normal, not 100%.
 #
 # ## Loss scaling moves the histogram
 #
@@ -379,7 +387,8 @@ for name in ("fp16", "bf16"):
     print(name, round_to_format(close_to_one, name).tolist())
 
 # %% [markdown]
-# bfloat16 cannot tell `1 + 2^-8` from 1. On your gradients: the typical relative error
+# bfloat16 cannot tell `1 + 2^-8` from 1 (an exact tie, rounded to even; a value just above
+# it rounds up to `1 + 2^-7`). On your gradients: the typical relative error
 # of each format, and the worst (1.0 means the value was lost entirely):
 
 # %%
