@@ -69,18 +69,14 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # %% [markdown]
 # ## Two processes, started from a notebook
 #
-# `torch.multiprocessing.spawn` starts fresh processes and sends each one the function to
-# run by reference: its module and name. A function *defined in a notebook* lives in the
-# kernel's `__main__`, which a fresh process cannot import, so its ranks fail with
-# `Can't get attribute ... on <module '__main__'>` (Python's `multiprocessing` docs: the
-# `__main__` module must be importable by the children). A function imported from a module
-# spawns fine. The course starts the ranks the way `torchrun` does (`via="torchrun"` runs
-# torchrun itself; from a terminal, `python -m amp_lessons dist --via torchrun` prints this
-# lesson's DDP and FSDP2 tables): N new Python processes, each running the module
-# `amp_lessons.dist_worker` on a directory that holds the plan and the data. Each rank learns its rank, the world size and the rendezvous
-# address from environment variables. Each rank writes what it saw to a JSON file, and
-# `launch` reads the files back into the notebook. The ranks' own output stays out of the
-# notebook unless a rank fails.
+# `torch.multiprocessing.spawn` sends each new process the function to run by its module and
+# name. A function *defined in a notebook* lives in the kernel's `__main__`, which a fresh
+# process cannot import, so its ranks fail with `Can't get attribute ... on <module
+# '__main__'>` (Python's `multiprocessing` docs: the `__main__` module must be importable by
+# the children). So `launch` starts one Python process per rank on a module,
+# `amp_lessons.dist_worker`, with the environment variables `torchrun` would set, and a
+# directory (RUN_DIR) that holds the plan and the data; each rank writes what it saw to a
+# file there, which `launch` reads back.
 #
 # The first run trains the course's digits MLP with DDP for 20 steps, once in float32 and once
 # under bf16 autocast. Each rank trains on its own batches.
@@ -92,7 +88,7 @@ DEVICE = "cpu"  # "cuda" runs NCCL, one GPU per rank: 2 GPUs here (one T4 is not
 ddp = D.launch([D.ddp_job("DDP fp32", precision="fp32"), D.ddp_job("DDP + autocast bf16", precision="bf16")],
                nproc=2, device=DEVICE)
 print(D.describe_ranks(ddp))
-print("each rank runs:", ddp.command, "(RUN_DIR: the plan and data launch writes, in a temporary directory)")
+print("the ranks were started as:", ddp.command)
 
 # %% [markdown]
 # ## DDP + autocast: what goes over the wire
@@ -109,16 +105,17 @@ print("each rank runs:", ddp.command, "(RUN_DIR: the plan and data launch writes
 print(D.ddp_table(ddp))
 
 # %% [markdown]
-# The all-reduce is float32 in both runs, and it is handed as many bytes. (These byte counts,
-# here and below, are the sizes of the tensors each rank hands to a collective, not what
-# crosses the wire: a ring all-reduce over W ranks sends about 2(W-1)/W times its tensor
-# from each rank, a ring all-gather or reduce-scatter (W-1)/W of the full tensor; the
-# backend picks the algorithm.) Autocast casts each
+# The all-reduce is float32 in both runs, and it is handed as many bytes. Autocast casts each
 # weight to bf16 inside `forward`, and that cast is part of the autograd graph. Its backward
 # casts the gradient back to the weight's dtype, so a gradient has its parameter's dtype
 # (unless the parameter's `grad_dtype` is set to another one). The parameters are float32
 # master weights, so DDP's buckets are float32: 4 bytes per parameter. Each rank computes
 # its own loss on its own batch; the averaged gradients make every rank take the same step.
+#
+# These byte counts, here and below, are the sizes of the tensors each rank hands to a
+# collective, not what crosses the wire: a ring all-reduce over W ranks sends about
+# 2(W-1)/W times its tensor from each rank, a ring all-gather or reduce-scatter (W-1)/W of
+# the full tensor; the backend picks the algorithm.
 
 # %%
 n_params = ddp["DDP fp32"][0]["n_params"]
@@ -145,8 +142,8 @@ print(D.ddp_table(hooks))
 from amp_lessons.claims import at_least, at_most, between, check, measured
 
 errors = D.hook_errors(hooks)
-for name, (sent, error) in errors.items():
-    print(f"{name:<15} {sent:>6,} bytes/step   error against a float32 all-reduce {measured(error, '.1e')}")
+for name in ("bf16 hook", "fp16 hook"):
+    print(f"{name}: error against a float32 all-reduce {measured(errors[name][1], '.1e')}")
 check("the allreduce hook adds no error against the spy's float32 all-reduce", errors["allreduce hook"][1] == 0.0)
 
 # %%
@@ -171,13 +168,13 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
 
 # %% [markdown]
 # The 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%. Under fp16 autocast with a
-# GradScaler, DDP all-reduces inside `scaler.scale(loss).backward()` (its reducer runs from
-# autograd hooks, bucket by bucket: the `DistributedDataParallel` docstring), before
-# `unscale_`: the hook casts gradients still multiplied by the loss scale, which lifts
-# small ones above fp16's subnormals, and an overflow there is an inf the scaler then
-# skips. In float32 or bf16 training nothing lifts them. Whether a compress hook saves
-# time depends on how long the step waits for the all-reduce: measure your step time with it
-# and without it.
+# GradScaler, DDP all-reduces during `scaler.scale(loss).backward()` (each bucket's reduction
+# "can potentially overlap with backward computation": the `DistributedDataParallel`
+# docstring), before `unscale_`. So the hook casts gradients still multiplied by the loss
+# scale, which lifts small ones above fp16's subnormals; a scaled gradient past 65504 would
+# become an inf in the cast, and the scaler would skip the step. In float32 or bf16
+# training nothing lifts them. Whether a compress hook saves time depends on how long the
+# step waits for the all-reduce: measure your step time with it and without it.
 #
 # ### Accumulating gradients under DDP: `no_sync`
 #
@@ -235,14 +232,6 @@ check("(bf16, None) reduce-scattered in the dtype this torch release's default n
       seen == D.reduce_dtype_when_none("bf16"))
 
 # %% [markdown]
-# The `(bf16, None)` row from this run, which differs between releases:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-print(f"torch {torch.__version__}:")
-print(D.policy_table(fsdp, ["(bf16, None)"]))
-
-# %% [markdown]
 # **Predict:** how many bytes does a bf16 all-gather send, next to a float32 one? And a
 # float32 reduce-scatter, next to a bf16 one? Here is what rank 0 sent in one step:
 
@@ -256,7 +245,8 @@ print(f"\nrank 0's float32 shard: {4 * n // fsdp.world_size:,} bytes; the whole 
 # forward, and again for backward, after FSDP2 freed the gathered weights. So a float32
 # all-gather total is twice the float32 shard. A reduce-scatter is handed the whole unsharded
 # gradient and gives back this rank's shard of the sum: its float32 total is the whole
-# gradient. The two 35,880s are equal by this model's arithmetic, not for one reason.
+# gradient. The two 35,880s are equal because W = 2: the all-gathers total 2 x 4 N / W, the
+# reduce-scatters 4 N.
 
 # %% [markdown]
 # And here is what rank 0 holds of the first layer's weight under `(bf16, fp32)`:
@@ -268,15 +258,12 @@ print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
 # FSDP2's policy is not autocast. It casts the gathered parameters (and, with
 # `cast_forward_inputs`, the inputs) to `param_dtype`, and each op then runs in the dtype of
 # what it is given, as without autocast: the ops after a bf16 Linear run in bf16, including
-# the ones autocast would keep in float32, while an op that meets a float32 buffer (the
-# policy does not cast buffers) promotes to float32. This MLP's output is bf16, so the
-# course's ranks compute the loss from `logits.float()`.
-# `MixedPrecisionPolicy(output_dtype=torch.float32)` is another way to do it for the loss:
-# it casts a sharded module's *outputs*, and leaves the ops inside (a softmax in attention, a
-# norm) in 16 bits. To have those in float32, cast inside the module, or wrap the forward in
-# `torch.autocast` as on one device: autocast's lists then apply to the ops inside as well
-# (on CUDA, `softmax` and `layer_norm` compute in float32; lesson 02), on top of the gathered
-# 16-bit parameters. This lesson's ranks do not combine the two.
+# the ones autocast would keep in float32. This MLP's output is bf16, so the course's ranks
+# compute the loss from `logits.float()`. `MixedPrecisionPolicy(output_dtype=torch.float32)`
+# casts a sharded module's *outputs* instead, and leaves the ops inside (a softmax in
+# attention, a norm) in 16 bits. To have those in float32, cast inside the module, or wrap
+# the forward in `torch.autocast` as on one device (on CUDA, `softmax` and `layer_norm` then
+# compute in float32; lesson 02). This lesson's ranks do not combine the two.
 #
 # ## Why `reduce_dtype=torch.float32`
 #
@@ -344,13 +331,15 @@ for w in (2, 8, 64):
 at_least("bf16's error at 64 ranks is at least 2x its error at 2 ranks", ring[(64, "bf16")] / ring[(2, "bf16")], 2)
 
 # %% [markdown]
-# A small gradient can also be lost beside a large one. Here rank 0 holds 1.0 and 63 other
-# ranks hold 0.001 each, added in ring order:
+# A small gradient can also be lost beside a large one. Here one of 64 ranks holds 1.0 and the
+# 63 others 0.001 each, added one rank after another. **Predict:** does it matter where the
+# 1.0 comes in?
 
 # %%
-values = [torch.tensor(1.0)] + [torch.tensor(1e-3)] * 63
-print(f"bf16: {D.ring_sum(values, torch.bfloat16).item()}   "
-      f"float32: {measured(D.ring_sum(values, torch.float32).item(), '.4f')}")
+one, small = [torch.tensor(1.0)], [torch.tensor(1e-3)] * 63
+for where, values in (("first", one + small), ("last", small + one)):
+    print(f"1.0 added {where:<5}: bf16 {D.ring_sum(values, torch.bfloat16).item()}, "
+          f"float32 {measured(D.ring_sum(values, torch.float32).item(), '.4f')}")
 
 # %% [markdown]
 # Now the loss curves from the policy run above: bf16 compute in both, reduced in bf16
@@ -366,12 +355,13 @@ between("with 2 ranks, reducing in bf16 ends within 5% of reducing in float32",
         ends["(bf16, bf16)"] / ends["(bf16, fp32)"], 0.95, 1.05)
 
 # %%
-loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends})
+loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends}, tail=1)
 
 # %% [markdown]
 # With 2 ranks, then, a bf16 reduce costs little here. The errors above grow with the number of
-# ranks summed, and a large gradient swamps small ones. A float32 reduce-scatter moves twice
-# the bytes of a bf16 one, and it is the safe default: `reduce_dtype=torch.float32`.
+# ranks summed, and the order of additions decides how much of the small gradients a large one
+# swamps. A float32 reduce-scatter moves twice the bytes of a bf16 one, and it is the safe
+# choice: `reduce_dtype=torch.float32`.
 #
 # ## GradScaler across ranks
 #
@@ -395,9 +385,9 @@ for name in scalers.names:
 
 # %% [markdown]
 # Every rank skipped step 2, and each halved its scale, though only rank 1 saw the inf.
-# `ShardedGradScaler` (in `torch.distributed.fsdp.sharded_grad_scaler`, written for FSDP1,
-# whose sharded gradients are plain tensors) all-reduces its "found inf" flag over the
-# ranks. `torch.amp.GradScaler` reaches the same decision under FSDP2 without being told:
+# `ShardedGradScaler` all-reduces its "found inf" flag over the ranks in `unscale_`
+# (`torch/distributed/fsdp/sharded_grad_scaler.py`). `torch.amp.GradScaler` reaches the same
+# decision under FSDP2 without being told:
 # FSDP2's gradients are DTensors, and DTensor runs the check GradScaler calls
 # (`_amp_foreach_non_finite_check_and_unscale_`) on each rank's shard, then reduces the
 # "found inf" flag over the mesh with a max (`found_inf_reduce_handler` in
@@ -414,13 +404,12 @@ for name in scalers.names:
 #
 # Mixed precision adds transient copies while a layer computes. Under DDP + autocast: the
 # bf16 copy of each weight a matmul saves for backward, 2 bytes per parameter at most. Under
-# FSDP2, for the layer in flight (L parameters): its gathered weights in `param_dtype`
-# (4 L in fp32, 2 L in bf16; prefetching can hold the next layer's too). In backward come
-# its unsharded gradients in `param_dtype` (2 L in bf16) and the reduce-scatter's input in
-# `reduce_dtype`, which they are copied into before they are freed (4 L with float32), then
-# its output, 1/W of that (`foreach_reduce` in `_fsdp_collectives.py`). The table counts the
-# weights only; activations are left out. With N parameters and W ranks, this lesson's
-# model on 2 ranks, in bytes:
+# FSDP2, for the layer in flight (L parameters): its gathered weights in `param_dtype`, and
+# the flat all-gather output they were copied out of, both alive while the layer runs
+# forward (`FSDPParamGroup.wait_for_unshard`): 2 x 2 L bytes in bf16, 2 x 4 L in fp32.
+# Prefetching can hold the next layer's too, and backward adds the layer's gradients and the
+# reduce-scatter's buffers (`foreach_reduce`); the table counts neither, nor activations.
+# With N parameters and W ranks, this lesson's model on 2 ranks, in bytes:
 
 # %%
 fp32 = fsdp["(fp32)"][0]
@@ -477,20 +466,19 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 #
 # | | DDP | FSDP2 |
 # |---|---|---|
-# | kept per rank | 16 bytes per parameter, + 4 for the buckets unless `gradient_as_bucket_view=True` | 16 / W bytes per parameter |
+# | kept per rank | 16 N bytes, + 4 N for the buckets unless `gradient_as_bucket_view=True` | 16 N / W bytes |
 # | mixed precision | autocast; the gradients and their all-reduce stay float32 | `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)` |
 # | fewer bytes handed to collectives | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
-# | fp16 | one GradScaler per rank; the all-reduce spreads an inf | `torch.amp.GradScaler`: DTensor agrees its found-inf flag across ranks (`ShardedGradScaler` is FSDP1's) |
+# | fp16 | one GradScaler per rank; the all-reduce spreads an inf | `torch.amp.GradScaler` (DTensor agrees its found-inf flag across ranks) or `ShardedGradScaler` |
 # | gradient accumulation | `with model.no_sync():` for all micro-batches but the last | `model.set_requires_gradient_sync(False)`, likewise |
-# | use it when | 16 bytes per parameter plus activations fit on one device | they do not |
+# | use it when | what DDP keeps, plus activations, fits on one device | it does not |
 #
 # ## When a launch goes wrong
 #
 # If one rank raises, `launch` stops the others (they would wait at their next collective
 # until its timeout: 60 s in the course's ranks; torch's defaults are 30 minutes for gloo
 # and 10 for NCCL, `default_pg_timeout` and `default_pg_nccl_timeout` in
-# `torch/distributed/constants.py`) and says which rank failed and why. A taken port, a run past its `timeout` and
-# a device with no backend each get an error that says what to do:
+# `torch/distributed/constants.py`) and says which rank failed and why:
 
 # %%
 from amp_lessons.show import expect_error
@@ -498,36 +486,21 @@ from amp_lessons.show import expect_error
 with expect_error(D.RankFailedError):
     D.launch([D.fail_job(rank=1, how="raise")], device=DEVICE)
 
-# %%
-import socket
-
-with socket.socket() as busy:
-    try:
-        busy.bind(("127.0.0.1", 29500))  # torchrun's default port
-        busy.listen()
-    except OSError:
-        pass  # already taken by something else: the launch below fails the same way
-    with expect_error(D.PortInUseError):
-        D.launch([D.reduce_job()], port=29500, device=DEVICE)
-
-# %%
-with expect_error(D.LaunchTimeoutError):
-    D.launch([D.fail_job(rank=1, how="hang")], timeout=5, device=DEVICE)
-with expect_error(D.BackendUnavailableError):
-    D.launch([D.reduce_job()], device="mps")
-
 # %% [markdown]
 # ## Remember
 #
 # - Under DDP + autocast, gradients have their parameters' dtype: the all-reduce is float32,
 #   4 bytes per parameter. A compress hook halves the bytes handed to the all-reduce and
 #   rounds every gradient.
-# - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and the gradients in float32. It
-#   all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`. Left
-#   at None, that is `param_dtype` before torch 2.15; from 2.15 on the gradients' own dtype
-#   (the parameter's `grad_dtype`), float32 for these float32 parameters.
-# - Reduce in float32. A 16-bit sum drops small contributions (bf16) or overflows (fp16), and
-#   its error grows with the number of ranks.
+# - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and their gradients in the
+#   parameters' own dtype (float32 here). It all-gathers and computes in `param_dtype`, and
+#   reduce-scatters in `reduce_dtype`: left at None, `param_dtype` before torch 2.15, the
+#   gradients' own dtype from 2.15 on. It is not autocast: each op runs in the dtype it is
+#   given.
+# - Reduce in float32, `reduce_dtype=torch.float32`, the same on every release. A 16-bit
+#   reduce rounds every gradient: bf16 loses small ones beside large ones, fp16 flushes tiny
+#   ones to zero and overflows past 65504 unless divided first (FSDP2 divides its fp16
+#   reduce-scatters), and the error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
 #   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
 #   `ShardedGradScaler` does (the run above).
@@ -537,18 +510,13 @@ with expect_error(D.BackendUnavailableError):
 #
 # ## Watch out
 #
-# - `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` on its own reduces in bf16 before
-#   torch 2.15 and, for float32 parameters, in float32 from 2.15 on. Set `reduce_dtype=torch.float32`: the same on
-#   every release.
-# - FSDP2's policy is not autocast: it casts parameters and inputs to `param_dtype`, and the
-#   ops follow, softmaxes and norms too. `logits.float()` or `output_dtype=torch.float32`
-#   makes the loss float32, not the softmaxes inside the model.
+# - `logits.float()` or `output_dtype=torch.float32` makes an FSDP2 model's loss float32, not
+#   the softmaxes and norms inside it.
 # - `mp.spawn` of a function defined in a notebook fails. Spawn a function imported from a
 #   module, or launch a module with `torchrun` (or `python -m torch.distributed.run`) and
 #   read what the ranks write to files.
-# - The course's ranks exit within about a second of losing their launcher. The ranks of a
-#   script of your own may not: a rank process that outlives its launcher keeps its GPU
-#   memory until it exits. Look for it (`nvidia-smi`, `ps`) and stop it by its process id.
+# - A rank process that outlives its launcher keeps its GPU memory until it exits. Look for
+#   it (`nvidia-smi`, `ps`) and stop it by its process id.
 
 # %% [markdown]
 # ## Exercise: predict FSDP2's dtypes
@@ -556,9 +524,8 @@ with expect_error(D.BackendUnavailableError):
 # The policy run above had one more job, `"exercise"`: FSDP2 with
 # `MixedPrecisionPolicy(param_dtype=torch.float16)`, with reduce_dtype left at None. Its
 # row was not printed. Fill in the dtype at each stage (`torch.float16`, `"bf16"`,
-# `"float32"`, ...), and whether its reduce-scatter averages (`"avg"`) or sums with a
-# division before and after (`"sum"`). The checker compares your answer with what the ranks
-# recorded.
+# `"float32"`, ...), and its reduce-scatter's op, `"avg"` or `"sum"`. The checker compares
+# your answer with what the ranks recorded.
 
 # %%
 from amp_lessons.exercises import check_policy_prediction
@@ -574,8 +541,8 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #
 # - `mp.spawn` and `__main__`: Python's `multiprocessing` docs ("Programming guidelines",
 #   and the note that the examples need an importable `__main__`).
-# - `gradient_as_bucket_view`, `no_sync`: the `DistributedDataParallel` docstring,
-#   `torch/nn/parallel/distributed.py`.
+# - `gradient_as_bucket_view`, `no_sync`, and buckets reduced during backward (`bucket_cap_mb`):
+#   the `DistributedDataParallel` docstring, `torch/nn/parallel/distributed.py`.
 # - The compress hooks' cast, then divide, and `allreduce_hook` matching DDP with no hook:
 #   `_compress_hook` and `allreduce_hook`'s docstring in
 #   `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`.
@@ -583,11 +550,13 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 # - The process-group timeouts: `torch/distributed/constants.py`.
 # - FSDP2's divide factors and the reduce-scatter's buffers: `_get_gradient_divide_factors`
 #   and `foreach_reduce`, `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`.
-# - DDP all-reduces from autograd hooks during backward: the `DistributedDataParallel`
-#   docstring.
 # - `cast_forward_inputs`, `output_dtype`: `MixedPrecisionPolicy`,
 #   `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`; `set_requires_gradient_sync`:
 #   `torch/distributed/fsdp/_fully_shard/_fully_shard.py`.
+# - The flat all-gather output kept beside the gathered parameters in forward:
+#   `FSDPParamGroup.wait_for_unshard`, `torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`.
+# - `ShardedGradScaler.unscale_` all-reduces the found-inf flag:
+#   `torch/distributed/fsdp/sharded_grad_scaler.py`.
 # - FSDP2's prefetching of the next all-gather: the `fully_shard` docs
 #   (`FSDPModule.set_modules_to_forward_prefetch`, and the implicit prefetching they describe).
 # - GradScaler's found-inf flag reduced over the mesh for DTensor gradients:

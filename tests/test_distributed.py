@@ -66,16 +66,24 @@ def test_memory_arithmetic_is_exact():
                                                  "kept": 16 * n, "while computing": 0}
     assert D.memory_per_rank(n, "DDP + autocast bf16")["while computing"] == 2 * n
     fsdp = D.memory_per_rank(n, "FSDP2 (bf16, fp32)", w, layer)
-    assert fsdp["kept"] == 16 * n // w == 71_760 and fsdp["while computing"] == 2 * layer
-    assert D.memory_per_rank(n, "FSDP2 (fp32)", w, layer)["while computing"] == 4 * layer
+    assert fsdp["kept"] == 16 * n // w == 71_760 and fsdp["while computing"] == 2 * 2 * layer
+    assert D.memory_per_rank(n, "FSDP2 (fp32)", w, layer)["while computing"] == 2 * 4 * layer
     seven = 7_000_000_000
     assert D.memory_per_rank(seven, "DDP, fp32")["kept"] == 112_000_000_000
     assert D.memory_per_rank(seven, "FSDP2 (fp32)", 8)["kept"] == 14_000_000_000
 
 
+def test_started_as_names_what_started_the_ranks():
+    torchrun = " ".join(["python", *D.torchrun_command(2, 29501, "/tmp/run")[1:]])
+    assert D.started_as(2, "torchrun") == torchrun.replace("29501", "PORT").replace("/tmp/run", "RUN_DIR")
+    direct = D.started_as(3, "direct")
+    assert direct.startswith("python -m amp_lessons.dist_worker RUN_DIR, once per rank")
+    assert "RANK=0..2 WORLD_SIZE=3" in direct and "torch.distributed.run" not in direct
+
+
 def test_memory_table_shows_formula_and_numbers():
     table = D.memory_table(8970, 2, 4160)
-    assert "16 N / W" in table and "71,760" in table and "143,520" in table and "8,320" in table
+    assert "16 N / W" in table and "71,760" in table and "143,520" in table and "2 x 2 L" in table and "16,640" in table
     assert "104.3" in D.memory_table(7_000_000_000, 8, 7_000_000_000 // 32, unit=2**30)
     with pytest.raises(ValueError, match="unit must be one of"):
         D.memory_table(10, 2, 2, unit=1000)
@@ -238,7 +246,7 @@ def test_policy_exercise_checker():
     wrong = dict(right, reduce_scatter="fp32", op="avg")
     verdict = check_policy_prediction(wrong, record)
     assert not verdict.passed
-    assert any("reduce_scatter: not fp32" in f and "changed in 2.15" in f for f in verdict.findings)
+    assert any("reduce_scatter: not fp32" in f and "reduce_dtype=None default to in this torch release" in f for f in verdict.findings)
     assert any(f.startswith("op: not 'avg'") and "40000" in f for f in verdict.findings)
     empty = check_policy_prediction(dict.fromkeys(right), record)
     assert not empty.passed and "no answer yet" in str(empty) and "40000" not in str(empty)
@@ -279,6 +287,7 @@ def test_two_ranks_report_their_ids(run):
     assert [(r["rank"], r["world_size"]) for r in run.ranks] == [(0, 2), (1, 2)]
     assert len({r["pid"] for r in run.ranks}) == 2  # two processes
     assert D.describe_ranks(run) == "rank 0 of 2: gloo on cpu\nrank 1 of 2: gloo on cpu"
+    assert run.command == D.started_as(2, "direct")
     assert_nothing_left(run)
 
 
@@ -458,7 +467,7 @@ def test_a_hanging_rank_times_out_and_leaves_nothing():
 def test_torchrun_runs_the_same_worker_and_is_stopped_on_timeout():
     run = D.launch([D.reduce_job(n=100)], via="torchrun")
     assert [r["rank"] for r in run.ranks] == [0, 1] and run["reduce"][0]["swamp"]["bf16"] == 1.0
-    assert run.command == "torchrun --nproc-per-node=2 -m amp_lessons.dist_worker RUN_DIR"
+    assert run.command == D.started_as(2, "torchrun") and "-m torch.distributed.run --nproc-per-node=2" in run.command
     with pytest.raises(D.LaunchTimeoutError) as info:
         D.launch([D.fail_job(rank=0, how="hang")], via="torchrun", timeout=6)
     assert_nothing_left(info.value)

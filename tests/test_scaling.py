@@ -154,6 +154,9 @@ def test_loss_curves_title_says_other_for_two_close_runs_and_rest_for_more():
     two = loss_curves({k: runs[k] for k in ("a", "b")}, LOSS_WEIGHT, tail=3).axes[0].get_title()
     assert two == "after 12 steps, b ends close to the other; mean loss of the last 3 steps: b 1.01, a 1.00"
     assert "c ends close to the rest" in loss_curves(runs, LOSS_WEIGHT).axes[0].get_title()
+    runs["b"][-1].loss = 1.5 * LOSS_WEIGHT  # the last step alone, as lesson 07 reads it
+    last = loss_curves({k: runs[k] for k in ("a", "b")}, LOSS_WEIGHT, tail=1).axes[0].get_title()
+    assert last == "after 12 steps, b lags; loss at the last step: b 1.50, a 1.00"
 
 
 def test_scale_plot_marks_each_skipped_step():

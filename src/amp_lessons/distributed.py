@@ -2,9 +2,9 @@
 
 :func:`launch` starts N ranks of ``python -m amp_lessons.dist_worker`` (gloo on CPU,
 NCCL when every rank has a GPU), waits for them, and returns what each rank wrote to its
-JSON file as a :class:`Run`. It is what ``torchrun --nproc-per-node N -m
-amp_lessons.dist_worker RUN_DIR`` does (``via="torchrun"`` runs exactly that), without
-the launcher's own torch import; ``torch.multiprocessing.spawn`` cannot be used from a
+JSON file as a :class:`Run`. It gives each rank the environment ``torchrun --nproc-per-node N -m
+amp_lessons.dist_worker RUN_DIR`` would (``via="torchrun"`` runs that instead), without
+torchrun's own process; ``torch.multiprocessing.spawn`` cannot be used from a
 notebook (it pickles functions by name from ``__main__``, which a kernel does not have).
 
 Failures raise a :class:`LaunchError` whose message says what to do: a busy port
@@ -173,7 +173,8 @@ def _positive(value, what):
 @dataclass
 class Run:
     """What the ranks of one launch wrote: ``ranks[r]`` is rank r's record; ``run[name]`` the
-    records of job ``name``, one per rank (each with its ``rank``)."""
+    records of job ``name``, one per rank (each with its ``rank``). ``command``: what started
+    the ranks (:func:`started_as`)."""
 
     ranks: list[dict]
     backend: str
@@ -335,6 +336,16 @@ def _rank_env(rank, nproc, port, marker, threads) -> dict:
     return env
 
 
+def started_as(nproc: int, via: str) -> str:
+    """07: the command that started a launch's ranks, for a reader: RUN_DIR is the launch's
+    temporary directory (``plan.json``, ``data.pt``), PORT its rendezvous port."""
+    if via == "torchrun":
+        return (f"python -m torch.distributed.run --nproc-per-node={nproc} --master-addr=127.0.0.1 "
+                f"--master-port=PORT -m {WORKER} RUN_DIR")
+    return (f"python -m {WORKER} RUN_DIR, once per rank, with RANK=0..{nproc - 1} WORLD_SIZE={nproc} "
+            "MASTER_ADDR=127.0.0.1 MASTER_PORT=PORT")
+
+
 def torchrun_command(nproc: int, port: int, run_dir) -> list[str]:
     """The same launch with torchrun: ``python -m torch.distributed.run --nproc-per-node N ...``."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
@@ -399,9 +410,8 @@ def launch(jobs, nproc: int = 2, device="cpu", *, port=None, timeout: float = DE
             _stop(procs, marker, via)
             if shown is not None:
                 shown.close()
-        by_hand = f"torchrun --nproc-per-node={nproc} -m {WORKER} RUN_DIR"
-        return Run(ranks, backend, ranks[0]["device"].split(":")[0], by_hand, time.monotonic() - start, names,
-                   marker, codes)
+        return Run(ranks, backend, ranks[0]["device"].split(":")[0], started_as(nproc, via),
+                   time.monotonic() - start, names, marker, codes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -818,8 +828,8 @@ def ring_errors(world_sizes=(2, 8, 64), n: int = 10_000, dtypes=("fp32", "fp16",
 SETUPS = {  # name: (strategy, dtype of the weight copy while computing, formulas: kept, copy)
     "DDP, fp32": ("ddp", None, "16 N", "0"),
     "DDP + autocast bf16": ("ddp", "bf16", "16 N", "2 N at most"),
-    "FSDP2 (fp32)": ("fsdp", "fp32", "16 N / W", "4 L"),
-    "FSDP2 (bf16, fp32)": ("fsdp", "bf16", "16 N / W", "2 L"),
+    "FSDP2 (fp32)": ("fsdp", "fp32", "16 N / W", "2 x 4 L"),
+    "FSDP2 (bf16, fp32)": ("fsdp", "bf16", "16 N / W", "2 x 2 L"),
 }
 
 
@@ -832,8 +842,10 @@ def memory_per_rank(n_params: int, setup: str, world_size: int = 1, layer_params
     Mixed precision changes none of that. It adds a copy of weights while computing:
     autocast's bf16 copies of the weights its matmuls use, saved for backward (DDP +
     autocast: at most 2 B per parameter, counted as 2 N), or FSDP2's unsharded layer
-    (``layer_params`` of them, at 4 B in fp32 or 2 B with param_dtype=bf16).
-    Activations are not counted.
+    (``layer_params`` of them, at 4 B in fp32 or 2 B with param_dtype=bf16) twice: its
+    parameters and the flat all-gather output they are copied out of, both alive while the
+    layer runs forward (``FSDPParamGroup.wait_for_unshard``, torch 2.13). Prefetching and
+    activations are not counted.
     """
     if setup not in SETUPS:
         raise ValueError(f"setup must be one of {', '.join(SETUPS)}; got {setup!r}")
@@ -841,7 +853,7 @@ def memory_per_rank(n_params: int, setup: str, world_size: int = 1, layer_params
     if strategy == "fsdp" and n_params % world_size:
         raise ValueError(f"{n_params:,} parameters do not split evenly over {world_size} ranks")
     share = n_params if strategy == "ddp" else n_params // world_size
-    copied = n_params if strategy == "ddp" else layer_params
+    copied = n_params if strategy == "ddp" else 2 * layer_params
     transient = 0 if copy is None else BYTES[copy] * copied
     return {"weights": 4 * share, "grads": 4 * share, "adam": 8 * share, "kept": 16 * share,
             "while computing": transient}
@@ -935,7 +947,7 @@ def main(args) -> int:
     print(describe_ranks(run), "\n")
     print(ddp_table(run, run.names[:2]), "\n")
     print(policy_table(run, run.names[2:]))
-    print(f"\n{run.world_size} ranks in {run.seconds:.1f} s; by hand: {run.command}")
+    print(f"\n{run.world_size} ranks in {run.seconds:.1f} s, started as: {run.command}")
     return 0
 
 

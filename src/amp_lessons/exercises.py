@@ -1044,6 +1044,6 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
 _POLICY_HINTS = {
     "sharded": ": which copy of the weights does the optimizer step?",
     "forward": ": which field of the policy names the gathered parameters' dtype?",
-    "reduce_scatter": ": what does reduce_dtype=None default to in this torch release (it changed in 2.15)?",
+    "reduce_scatter": ": what does reduce_dtype=None default to in this torch release?",
     "gradient": ": what does the optimizer need to step the sharded parameter?",
 }

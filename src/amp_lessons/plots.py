@@ -217,7 +217,8 @@ def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
     ``runs`` maps a label to a :class:`amp_lessons.training.History`. Losses are divided by
     ``loss_weight`` (03's runs train on cross-entropy times ``2^-15``), so the axis reads
     cross-entropy. Skipped steps (an inf loss) leave a gap. The title names the run that
-    ends highest and the one that ends lowest (mean of the last ``tail`` steps).
+    ends highest and the one that ends lowest (mean of the last ``tail`` steps; 07 passes
+    ``tail=1``, the last step's loss).
     """
     import math
     import statistics
@@ -244,8 +245,9 @@ def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
         steps = max(len(h) for h in runs.values())
         close = "ends close to " + ("the other" if len(known) == 2 else "the rest")
         verb = "lags" if known[hi] > 1.2 * known[lo] else close
-        ax.set_title(f"after {steps} steps, {hi} {verb}; mean loss of the last {tail} steps: "
-                     f"{hi} {known[hi]:.2f}, {lo} {known[lo]:.2f}", fontsize=10)
+        stat = "loss at the last step" if tail == 1 else f"mean loss of the last {tail} steps"
+        ax.set_title(f"after {steps} steps, {hi} {verb}; {stat}: {hi} {known[hi]:.2f}, {lo} {known[lo]:.2f}",
+                     fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     plt.close(fig)  # pyplot lets go of it: a notebook shows the returned figure once, not twice
