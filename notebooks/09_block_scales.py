@@ -91,7 +91,8 @@ for code in range(16):
 # subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
 # them, a tie going to the even code, and anything above 6 saturates to 6: the rounding of
 # PTX's `cvt.rn.satfinite.e2m1x2.f32` (`.rn`: to nearest, ties to even; `.satfinite`: clamp
-# to the largest finite value). torch has no such cast to copy (two cells below):
+# to the largest finite value). torch 2.13 has no such cast to copy (the cell after next
+# asks this release):
 
 # %%
 from amp_lessons.blockscale import round_e2m1
