@@ -28,15 +28,11 @@
 #
 # Blackwell GPUs run MXFP8 and NVFP4 natively; Hopper runs fp8 with a scale per tensor or
 # per row, and the 1x128 and 128x128 scales through cuBLAS (the table at the end). Here
-# every scheme is emulated with integer codes and float32, so every number
-# below is real on any device, and the exact ones are the same everywhere. You will see:
-#
-# - e2m1's 16 values, how two of them share a byte, and e8m0's powers of two;
-# - your network's tensors under seven schemes, and an outlier feature under each;
-# - the block-scaled matmul against dequantize-then-matmul;
-# - delayed scaling against current scaling on a spike;
-# - MXFP8 and NVFP4 linear layers trained against bf16 (fp16 on a GPU without bf16), and what
-#   stochastic rounding keeps.
+# every scheme is emulated with integer codes and float32, so every number below is real on
+# any device, and the exact ones are the same everywhere. You will see e2m1 and e8m0 bit by
+# bit, your network's tensors and an outlier feature under seven schemes, the block-scaled
+# matmul, delayed against current scaling, and MXFP8 and NVFP4 layers trained against bf16
+# (fp16 on a GPU without bf16), with and without stochastic rounding.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -93,10 +89,10 @@ for code in range(16):
 # %% [markdown]
 # Eight magnitudes (one of them zero, twice: +0 and -0), up to 6, with 0.5 the only
 # subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
-# them, a tie going to the even code, and anything above 6 saturates to 6. torch has no
-# cast to e2m1 to copy (copying floats into `float4_e2m1fn_x2` is not implemented), so this
-# is the lesson's choice; it is the rounding of PTX's `cvt.rn.satfinite.e2m1x2.f32`
-# (`.rn`: to nearest, ties to even; `.satfinite`: clamp to the largest finite value):
+# them, a tie going to the even code, and anything above 6 saturates to 6: the rounding of
+# PTX's `cvt.rn.satfinite.e2m1x2.f32` (`.rn`: to nearest, ties to even; `.satfinite`: clamp
+# to the largest finite value). torch 2.13 has no such cast to copy (the cell after next
+# asks this release):
 
 # %%
 from amp_lessons.blockscale import round_e2m1
@@ -120,6 +116,13 @@ print("codes", codes.tolist(), "-> byte", f"0x{packed.item():02X}", f"= {packed.
 print("unpacked again:", unpack_fp4(packed).tolist())
 fp4 = as_float4_x2(packed)
 print("as torch's dtype:", "not in this release" if fp4 is None else f"{fp4.dtype}, {fp4.element_size()} byte for 2 values")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+try:
+    print("cast to", torch.tensor([1.0, -6.0]).to(torch.float4_e2m1fn_x2).dtype)
+except (AttributeError, NotImplementedError, RuntimeError, TypeError) as err:
+    print(f"floats to float4_e2m1fn_x2, torch {report.torch_version}: {type(err).__name__}: {err}")
 
 # %% [markdown]
 # ## e8m0: a scale that is only an exponent
@@ -159,10 +162,9 @@ for scheme in ("MXFP4", with_scales("MXFP4", "e8m0", "rceil"), with_scales("MXFP
 # %% [markdown]
 # The OCP rule keeps X = 1 and clamps 7 to 6. rceil takes X = 2: nothing saturates, but
 # 7 / 2 = 3.5 is a tie that rounds to 4 (read back as 8), and 0.3 and -0.2 fall to zero.
-# The exact scale, 7/6, is no power of two. NVFP4 stores its block scales in e4m3 instead:
-# 3 mantissa bits, so a stored scale is within 1/16 of the exact one (while it stays in
-# e4m3's normal range), not within a factor of 2. Here two blocks of 16, the second with
-# amax 1.3:
+# NVFP4 stores its block scales in e4m3 instead: 3 mantissa bits, so a stored scale is
+# within 1/16 of the exact one (while it stays in e4m3's normal range), not within a factor
+# of 2. Here two blocks of 16, the second with amax 1.3:
 
 # %%
 two_blocks = torch.cat([torch.full((16,), 5.0), torch.full((16,), 1.3)]).reshape(1, 32)
@@ -203,14 +205,15 @@ for kind, tensors in groups.items():
 # %% [markdown]
 # Each tensor is cut into blocks along its last dimension and quantized under each scheme:
 # per tensor and per row (lesson 08's, e4m3), 1x128 tiles and 128x128 blocks (e4m3, float32
-# scales), MXFP8 (1x32 e4m3, e8m0 scales by the OCP rule), MXFP4 (1x32 e2m1, e8m0) and NVFP4
+# scales), MXFP8 and MXFP4 (1x32 e4m3 or e2m1, e8m0 scales by the OCP floor rule) and NVFP4
 # (1x16 e2m1, e4m3 scales, float32 tensor scale). The error is the **signal-to-quantization-
 # noise ratio**, `10 log10(sum x² / sum (x - x̂)²)` in dB: higher is better, and one bit of
-# precision is worth about 6 dB (halving the error: 20 log10 2 ≈ 6.02). A value counts as
-# **saturated** when its scaled magnitude is past what rounding could still bring back to the
-# element's largest value (from 7 for e2m1, above 464 for e4m3) and the cast clamps it; values
-# just past the largest (6 or 448) that round down to it are not counted. **Predict:** which schemes come out on top, and by how much
-# does 4 bits trail 8?
+# precision is worth about 6 dB (halving the error: 20 log10 2 ≈ 6.02).
+#
+# A value counts as **saturated** when the cast clamps it. Values just past the largest
+# element still round back down to it and are not counted: for e4m3 up to 464 (rounds to
+# 448), for e2m1 below 7 (rounds to 6). **Predict:** which schemes come out on top, and by
+# how much does 4 bits trail 8?
 
 # %%
 from amp_lessons.blockscale import SCHEMES, error_table
@@ -256,9 +259,10 @@ print(at_most("NVFP4 saturates at most 0.1% of any kind",
               max(row["NVFP4"].saturated / row["NVFP4"].nonzero for row in table.values()), 1e-3, ".2g"))
 
 # %% [markdown]
-# MXFP8's blocks are finer than one scale per tensor, yet it trails per tensor on the
-# activations, weights and gradients. The OCP rule is why: it saturates about 1% of each
-# (the table above). The same blocks with cuBLAS's rceil rule, which saturates nothing:
+# MXFP8's blocks are finer than one scale per tensor, yet by the OCP floor rule it trails
+# per tensor on the activations, weights and gradients: that rule saturates about 1% of each
+# (the table above). The MXFP8 recipes of torchao 0.18 (its training and inference configs)
+# and of Transformer Engine round the scale up instead, by rceil (Sources). The same blocks:
 
 # %%
 rceil = with_scales("MXFP8", "e8m0", "rceil")
@@ -268,44 +272,38 @@ for kind, e in mx_rceil.items():
     sqnr = "exact" if e.sqnr == float("inf") else measured(e.sqnr, ".1f") + " dB"
     print(f"{kind:<12}{measured(table[kind]['MXFP8'].sqnr, '.1f') + ' dB':>12}{sqnr:>12}"
           f"{measured(table[kind]['per tensor'].sqnr, '.1f') + ' dB':>12}")
+print(check("by the OCP rule MXFP8 trails per tensor on the activations, weights and gradients",
+            all(table[k]["MXFP8"].sqnr < table[k]["per tensor"].sqnr for k in ("activations", "weights", "gradients"))))
 print(check("with rceil scales MXFP8 saturates nothing and beats both its OCP-rule self and per tensor on every kind",
             all(e.saturated == 0 and e.sqnr > max(table[k]["MXFP8"].sqnr, table[k]["per tensor"].sqnr)
                 for k, e in mx_rceil.items())))
 
 # %% [markdown]
-# NVFP4 differs from MXFP4 in two ways: half the block size, and a scale with a mantissa. How
-# much of MXFP4's loss is the power-of-two scale alone? The same 1x32 e2m1 blocks with
-# float32 scales `amax / 6` ("exact": the scale itself unrounded, though not always the best
-# scale for a block), and the ratio of each e8m0 scale to the exact one:
+# NVFP4 differs from MXFP4 in three ways: half the block size, block scales in e4m3 instead
+# of powers of two, and a float32 scale over the whole tensor. How much of MXFP4's loss is
+# the power-of-two scale alone? The same 1x32 e2m1 blocks with float32 scales `amax / 6`
+# ("exact": the scale itself unrounded, though not always the best scale for a block), and
+# NVFP4 without its tensor scale:
 
 # %%
-import math
-
-from amp_lessons.blockscale import scale_ratios
-
 exact_scales = with_scales("MXFP4", "fp32")
 cost = {kind: error(ts, exact_scales).sqnr - table[kind]["MXFP4"].sqnr for kind, ts in groups.items()}
 print("dB lost to e8m0 against exact scales:", {k: measured(v, ".2f") for k, v in cost.items()})
 print(check("on this network, a power-of-two scale costs MXFP4 between 0 and 6.02 dB on every kind",
             all(0 <= v <= 6.02 for v in cost.values()),
             f"{measured(min(cost.values()), '.2f')} to {measured(max(cost.values()), '.2f')} dB"))
-for element in ("e2m1", "e4m3"):
-    top = {"e2m1": 6.0, "e4m3": 448.0}[element]
-    emax = math.floor(math.log2(top))
-    for rule, (lo, hi) in (("floor", (top / 2 ** (emax + 1), top / 2**emax)), ("rceil", (1.0, 2.0))):
-        r = torch.cat([scale_ratios(t, element, (1, 32), rule) for ts in groups.values() for t in ts])
-        inside = ((r > lo) & (r <= hi)).all() if rule == "floor" else ((r >= lo) & (r < hi)).all()
-        bounds = f"({lo:g}, {hi:g}]" if rule == "floor" else f"[{lo:g}, {hi:g})"
-        print(f"{element} {rule:<5}: e8m0 scale / exact scale from {measured(r.min().item(), '.4f')} to "
-              f"{measured(r.max().item(), '.4f')}; within {bounds}: {bool(inside)}")
+no_tensor_scale = with_scales("NVFP4", "e4m3")
+g = error(groups["gradients"], no_tensor_scale)
+zero = torch.cat([quantize(t, no_tensor_scale).scales.flatten() == 0 for t in groups["gradients"]]).float().mean()
+print(check("without its tensor scale NVFP4 flushes over 90% of the gradients", g.flushed > 0.9 * g.nonzero,
+            f"{measured(100 * g.flushed / g.nonzero, '.0f')}%, {measured(g.sqnr, '.1f')} dB against "
+            f"{measured(table['gradients']['NVFP4'].sqnr, '.1f')} dB with it; block scales stored as 0: "
+            f"{measured(100 * zero.item(), '.0f')}%"))
 
 # %% [markdown]
-# A ratio below 1 is a scale too small: the block's amax lands above the element's largest
-# value and saturates. The OCP rule puts `amax / X` in [`2^emax`, `2^(emax+1)`), so its ratio
-# is `max / 2^(emax+1)` to `max / 2^emax`: (6/8, 6/4] = (0.75, 1.5] for e2m1, and
-# (448/512, 448/256] = (0.875, 1.75] for e4m3, up to 1.33x or 1.14x too small. rceil's
-# ratio is in [1, 2): never too small, so it saturates nothing, and up to 2x too large
-# (the block uses less of the grid). The exercise at the end asks for rceil's code.
+# The gradients' block scales, `amax / 6`, are small enough that e4m3 (smallest subnormal
+# 2^-9) stores most of them as 0, and their blocks with them; NVFP4's tensor scale lifts
+# them into e4m3's range.
 #
 # ## An outlier feature
 #
@@ -337,20 +335,18 @@ print(check("MXFP8 also saturates values here, all from the OCP rule: with rceil
             f"(and {mx_rceil_outlier.flushed} flushed, against {outlier['MXFP8'].flushed})"))
 q = quantize(acts, "MXFP8")
 lost = (acts != 0) & (q.dequantize() == 0) & ~feature
-over = (acts.abs() / q.scales.repeat_interleave(32, dim=1) > 448) & ~feature
+over = q.saturated_mask & ~feature
 for what, mask in (("flushed", lost), ("saturated", over)):
     print(f"MXFP8's {what} values in the outlier's block (features 0-31): {int(mask[:, :32].sum())}, "
           f"in the other 7 blocks: {int(mask[:, 32:].sum())}")
 
 # %% [markdown]
 # Only the blocks that hold the outlier lose their small values: for MXFP8, one block of
-# 32 in 8 along each row (the counts above). No per-row scale can do that; per row still
-# flushes far fewer than per tensor here only because this outlier is each row's own value
-# times 2^12, so its size varies from row to row (by up to 2^8 x 1.875) and a per-row scale
-# follows it. MXFP8's
-# saturated values lie in the other blocks, where the OCP rule's scale puts the block's top
-# above 448; rceil saturates none and flushes a few more, its scale being up to 2x larger.
-# DeepSeek-V3's report gives outliers as the reason for its 1x128 activation tiles.
+# 32 in 8 along each row (the counts above). A per-row scale helps only as far as the
+# outlier's size varies by row: here it is each row's own value times 2^12 (so it varies by
+# up to 2^8 x 1.875), which is why per row flushes far fewer than per tensor. MXFP8's
+# saturated values lie in the other blocks. DeepSeek-V3's report gives outliers as the
+# reason for its 1x128 activation tiles.
 #
 # ## The block-scaled matmul, exactly
 #
@@ -364,16 +360,15 @@ for what, mask in (("flushed", lost), ("saturated", over)):
 from amp_lessons.blockscale import accumulation_bound, block_mm, exact_values, reference_mm
 
 A, B = exact_values((64, 256), -4, 0, seed=1), exact_values((32, 256), -4, 0, seed=2)
-mxfp8_rceil = with_scales("MXFP8", "e8m0", "rceil")
-qa, qb = quantize(A, mxfp8_rceil), quantize(B, mxfp8_rceil)
+qa, qb = quantize(A, rceil), quantize(B, rceil)
 print("MXFP8 holds A exactly:", torch.equal(qa.dequantize(), A))
 print("block_mm equals dequantize-then-matmul bit for bit:", torch.equal(block_mm(qa, qb), reference_mm(qa, qb)))
 
 # %% [markdown]
 # On the network's real operands, the sums happen in another order and float32 rounds each
 # one differently, so the two differ in the last bits, within twice the standard bound for
-# a float32 sum of K products, `K u sum |a||b|` with u = 2^-24 (Higham, below; the package's
-# `accumulation_bound` counts 4 more roundings for the scales' products):
+# a float32 sum of K products, `γ_K sum |a||b|` with `γ_K = Ku / (1 - Ku)`, about `K u`,
+# u = 2^-24 (Higham, below; `accumulation_bound` counts 4 more roundings, the scales'):
 
 # %%
 o = operands[1]
@@ -384,12 +379,10 @@ for scheme in ("MXFP8", "NVFP4"):
                 bool((diff <= accumulation_bound(qa, qb)).all()), f"largest difference {measured(diff.max().item(), '.2g')}"))
 
 # %% [markdown]
-# On a GPU that runs block scales (Blackwell, compute capability 10.0+),
-# `python -m amp_lessons selfcheck` (`make gpu-check`) is written to run the real MXFP8
-# kernel (`torch.nn.functional.scaled_mm` with 1x32 e8m0 scales) on exact inputs and
-# compare it with the reference. That branch is untested on such a GPU: the course's tests
-# (`tests/test_blockscale.py`) check it with the kernel replaced by the reference, exact and
-# off by one. Here:
+# On a GPU that runs MX block scales (Blackwell, compute capability 10.0+), `python -m
+# amp_lessons selfcheck` (`make gpu-check`) runs the real MXFP8 kernel (`F.scaled_mm`, 1x32
+# e8m0 scales) on exact inputs against the reference; the course's tests check that branch
+# only with the kernel replaced by the reference, exact and off by one. Here:
 
 # %%
 from amp_lessons.blockscale import block_kernel_check
@@ -457,8 +450,8 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
 #
 # Lesson 08's fp8 linear, with blocks: `BlockLinear` quantizes both operands of each of its
 # three matmuls along the dimension that matmul sums over (MXFP8: 1x32 e4m3 with e8m0
-# scales; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale), dequantizes, and multiplies
-# in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
+# scales by rceil, as trained; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale),
+# dequantizes, and multiplies in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
 # output gradient is rounded to nearest, or stochastically. A smaller MLP than above, two
 # hidden layers of 64 (a multiple of both block sizes), so that four runs stay quick; the
 # four start from the same weights and train 150 steps each. The loss printed is the mean of
@@ -539,8 +532,8 @@ from amp_lessons.blockscale import hardware_table
 print(hardware_table())
 
 # %% [markdown]
-# And what this torch release's `F.scaled_mm` says to 1x32 e8m0 block scales on this
-# machine's CPU (`None` means it ran them):
+# What this torch release's `F.scaled_mm` says to 1x32 e8m0 block scales on a CPU (`None`
+# means it ran them):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -577,12 +570,11 @@ else:
 #
 # - e2m1 has 16 codes, 8 magnitudes up to 6; two codes share a byte (`float4_e2m1fn_x2`,
 #   the first in the low nibble). e8m0 is a bare power of two, 2^-127 to 2^127, 255 = NaN.
-# - With e4m3 elements a finer scale changes little for values in the normal range; it
-#   rescues the small values an outlier would push out (a 32-value block confines an outlier
-#   feature; per-row scales cannot). With e2m1 elements, on this network's tensors,
-#   NVFP4's 16-value blocks and e4m3 scales beat MXFP4's 32 and powers of two, and e8m0
-#   alone cost MXFP4 less than a bit's 6 dB. The element still sets the level:
-#   here every e4m3 scheme beats every e2m1 one by more than 6 dB (the verdicts above).
+# - The element sets the level: here every e4m3 scheme beats every e2m1 one by over 6 dB.
+#   With e4m3 a finer scale rescues the small values an outlier pushes out: a 32-value block
+#   confines an outlier feature; a per-row scale helps only as far as it varies by row.
+# - NVFP4 beats MXFP4 here (16-value blocks, e4m3 scales; e8m0 alone costs MXFP4 under 6 dB),
+#   and needs its tensor scale for gradient-sized values.
 # - Emulated in float32, a block-scaled matmul is dequantize-then-matmul, up to accumulation
 #   order. A real kernel may accumulate with less: DeepSeek-V3 (section 3.3) measured about
 #   14 bits on H800's fp8 tensor cores, and adds partial sums into float32 every 128 values.
@@ -591,9 +583,8 @@ else:
 #
 # ## Watch out
 #
-# - The OCP rule can saturate the top of a block (a scale up to 1.33x too small for e2m1,
-#   1.14x for e4m3); rceil does not. Know which one your kernel's quantizer uses (torchao
-#   0.18's `MXTensor.to_mx` defaults to the floor rule, `ScaleCalculationMode.FLOOR`).
+# - The OCP floor rule can saturate the top of a block; rceil does not. Know which one your
+#   quantizer uses (torchao 0.18's `MXTensor.to_mx` defaults to `FLOOR`).
 # - `margin` buys headroom for spikes with range at the bottom, on every step.
 # - Round-to-nearest in 4 bits drops a block's small gradient values every step (the block
 #   above). NVIDIA's NVFP4 recipe rounds gradients stochastically; on this small network it
@@ -632,22 +623,24 @@ check_e8m0_code(my_e8m0_code)
 #   `scaled_mm` with `ScalingType` (`BlockWise1x16`, `BlockWise1x32`, `BlockWise1x128`,
 #   `BlockWise128x128`) and `SwizzleType.SWIZZLE_32_4_4`, the layout cuBLAS reads block scales
 #   in; `aten/src/ATen/native/cuda/ScaledBlas.cpp`'s `_check_deepseek_support` (1x128 and
-#   128x128 on compute capability 9.x with cuBLASLt 12.9+ only); `aten/src/ATen/native/Blas.cpp`'s
-#   `_scaled_mm_out_cpu` (the CPU row of the table).
+#   128x128 on compute capability 9.x with cuBLASLt 12.9+ only).
 # - PTX ISA, `cvt` with `.e2m1x2`: `.rn` rounds to nearest even, `.satfinite` clamps.
 # - NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference" (blog,
 #   2025); "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149).
 # - cuBLAS documentation, "1D block quantization": the 128 x 4 tile layout of block scales
-#   (`to_blocked`) and the rceil rule (torchao's `ScaleCalculationMode.RCEIL`; `FLOOR`, the
-#   default of `torchao/prototype/mx_formats/mx_tensor.py`'s `to_mx` in torchao 0.18, is the
-#   OCP rule).
+#   (`to_blocked`) and the rceil rule.
+# - torchao 0.18: `ScaleCalculationMode` (`FLOOR`, the OCP rule; `RCEIL`) in
+#   `prototype/mx_formats/config.py`; `FLOOR` is the default of `mx_tensor.py`'s `to_mx`,
+#   `RCEIL` of `prototype/moe_training/config.py`'s `MXFP8TrainingOpConfig` and of
+#   `prototype/mx_formats/inference_workflow.py`'s `MXDynamicActivationMXWeightConfig`.
 # - Transformer Engine, Common API: `DelayedScaling(margin=0, amax_history_len=1024,
 #   amax_compute_algo="max")`, the scale `fmt.max / amax / 2^margin`
 #   (`nvte_delayed_scaling_recipe_amax_and_scale_update`; in PyTorch,
 #   `transformer_engine/pytorch/quantization.py`'s `_default_sf_compute`, which keeps the
 #   previous scale when the amax is 0 or not finite; older releases rounded the scale
 #   down to a power of two), `Float8CurrentScaling`, `Float8BlockScaling`, and its MXFP8
-#   page: "native hardware acceleration on Blackwell GPUs (SM 10.0+)".
+#   page: "native hardware acceleration on Blackwell GPUs (SM 10.0+)"; each block's e8m0
+#   scale from `amax_block / 448`, "rounding up if the mantissa is non-zero" (rceil).
 # - Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale"
 #   (arXiv 2208.07339).
 # - DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 3.3.

@@ -27,7 +27,6 @@ from amp_lessons.blockscale import (
     quantize,
     reference_mm,
     round_e2m1,
-    scale_ratios,
     sqnr_db,
     to_blocked,
     unpack_fp4,
@@ -250,12 +249,15 @@ def test_outlier_feature_counts_are_exact_and_blocks_confine_it():
 
 def test_e8m0_scales_stay_within_a_factor_of_two():
     x = exact_values((32, 256), -12, 4, seed=3) * 1.1
-    r = scale_ratios(x, "e2m1", (1, 32), "rceil")
-    assert bool(((r >= 1) & (r < 2)).all())
-    r = scale_ratios(x, "e2m1", (1, 32), "floor")
-    assert bool(((r > 0.75) & (r <= 1.5)).all())
-    r = scale_ratios(x, "e4m3", (1, 32), "floor")
-    assert bool(((r > 448 / 512) & (r <= 448 / 256)).all())
+    amax = block_amax(x, (1, 32)).flatten().double()
+
+    def ratio(element, rule):  # e8m0 decode scale over the exact one, amax / max
+        scale = e8m0_decode(e8m0_encode(mx_exponent(amax.float(), element, rule))).double()
+        return scale / (amax / (6.0 if element == "e2m1" else 448.0))
+
+    assert bool(((ratio("e2m1", "rceil") >= 1) & (ratio("e2m1", "rceil") < 2)).all())
+    assert bool(((ratio("e2m1", "floor") > 0.75) & (ratio("e2m1", "floor") <= 1.5)).all())
+    assert bool(((ratio("e4m3", "floor") > 448 / 512) & (ratio("e4m3", "floor") <= 448 / 256)).all())
 
 
 # -- block-scaled matmul ---------------------------------------------------------------------------------
@@ -315,6 +317,12 @@ def test_gpu_check_skips_below_blackwell(monkeypatch):
     assert "10.0+" in result.skipped and "9.0" in result.skipped
 
 
+def test_gpu_check_is_not_run_on_rocm(monkeypatch):
+    _pretend_gpu(monkeypatch, (9, 5))
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert "ROCm" in bs.block_kernel_check().skipped
+
+
 def test_gpu_check_compares_the_kernel_with_the_reference(monkeypatch):
     _pretend_gpu(monkeypatch, (10, 0))
     exact = bs.block_kernel_check(kernel=lambda qa, qb, dev: reference_mm(qa, qb))
@@ -349,6 +357,23 @@ def test_cpu_refusal_names_a_missing_function(monkeypatch):
 
     monkeypatch.delattr(F, "scaled_mm", raising=False)
     assert "has no torch.nn.functional.scaled_mm" in bs.cpu_block_refusal()
+
+
+def test_cpu_refusal_keeps_the_options_and_drops_the_arguments(monkeypatch):
+    from torch.nn import functional as F
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Invalid scaling configuration.\n- For TensorWise scaling, ...\nGot mat_a.dtype()=...")
+
+    monkeypatch.setattr(F, "scaled_mm", refuse, raising=False)
+    if not hasattr(F, "ScalingType") or bs.as_float8_e8m0(torch.zeros(1, dtype=torch.uint8)) is None:
+        pytest.skip("this torch release has no block-scale arguments to pass")
+    assert bs.cpu_block_refusal() == "Invalid scaling configuration.\n- For TensorWise scaling, ..."
+
+
+def test_accumulation_bound_is_twice_gamma_n():
+    q = quantize(torch.ones(1, 252), "1x128")  # n = K + 4 = 256 roundings: nu = 2^-16
+    assert accumulation_bound(q, q).item() == pytest.approx(2 * 252 * 2.0**-16 / (1 - 2.0**-16), rel=1e-7)
 
 
 def test_hardware_table_names_every_device_class_and_wraps():

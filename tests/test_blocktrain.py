@@ -58,6 +58,7 @@ def test_convert_swaps_the_fitting_linears_and_shares_their_weights():
     assert type(model[0]) is BlockLinear and type(model[2]) is nn.Linear
     assert torch.equal(model[0].weight, before[0].weight)
     assert "recipe=mxfp8" in repr(model[0])
+    assert BLOCK_RECIPES["mxfp8"].forward.rule == "rceil"  # the rule of torchao's and TE's MXFP8 training
 
 
 def test_bad_inputs_are_clear_errors():

@@ -49,19 +49,20 @@ def scheme_bars(table: dict):
     return fig
 
 
-def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = None):
+def delayed_scaling(runs: dict, fmt_max: float = 448.0, spike_at: int | None = None, saturate_from: float = 464.0):
     """09: for each run (``{label: [Step, ...]}`` from :mod:`amp_lessons.delayed`), left the
     log2 of the tensor's largest magnitude after scaling, against the format's largest
-    value (the band above it saturates); right the values flushed to zero at each step, on a
+    value (the band from ``saturate_from``, e4m3's 464, saturates); right the values flushed to zero at each step, on a
     symlog axis so that small counts show beside large ones.
     Runs drawn first are drawn wider, so a later run on the same values stays visible."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.9))
     styles = [dict(color="#4c78a8", lw=5, alpha=0.45), dict(color="#e45756", lw=3.2, alpha=0.7),
               dict(color="#54a24b", lw=1.4, ls="--"), dict(color="#222222", lw=1.0, marker=".", ms=4)]
-    top = math.log2(fmt_max)
-    left.axhspan(top, top + 5, color="#e45756", alpha=0.08, lw=0)
+    top, over = math.log2(fmt_max), math.log2(saturate_from)
+    left.axhspan(over, top + 5, color="#e45756", alpha=0.08, lw=0)
     left.axhline(top, color="grey", lw=0.6, ls=":")
-    left.text(0, top + 2.5, f"above {fmt_max:g}, e4m3's largest value:\nsaturated (x)", fontsize=8)
+    left.text(0, top + 2.5, f"above {saturate_from:g}: saturated (x);\n{fmt_max:g} to {saturate_from:g} "
+              f"rounds to {fmt_max:g}", fontsize=8)
     for (label, steps), style in zip(runs.items(), styles * len(runs)):
         xs = [s.step for s in steps]
         left.plot(xs, [math.log2(max(s.scaled_amax, 2.0**-30)) for s in steps], label=label, **style)
@@ -111,8 +112,9 @@ def block_training(runs: dict, smooth: int = 10):
     right.set(xlabel="optimizer step", ylabel=f"loss minus {base}'s ({smooth}-step mean)")
     fig.legend(*left.get_legend_handles_labels(), frameon=False, fontsize=8, ncol=len(runs), loc="lower center")
     ends = {label: sum(h["loss"][-20:]) / len(h["loss"][-20:]) for label, h in runs.items()}
-    fig.suptitle("mean loss of the last 20 steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ends.items()),
-                 fontsize=9)
+    worst = max(abs(v / ends[base] - 1) for k, v in ends.items() if k != base)
+    fig.suptitle(f"every run ends within {worst:.0%} of {base}'s loss (mean of the last 20 steps): the curves "
+                 "overlap (left); their gaps to it (right)", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))

@@ -411,16 +411,6 @@ def error_table(groups: dict, schemes=tuple(SCHEMES)) -> dict:
     return {kind: {s: error(ts, s) for s in schemes} for kind, ts in groups.items()}
 
 
-def scale_ratios(x, element="e2m1", block=(1, 32), rule="floor") -> torch.Tensor:
-    """For each nonzero block of ``x``: its e8m0 decode scale over the exact one (``amax / max``),
-    in float64. A power of two is never more than a factor of 2 from the exact scale:
-    ``rceil`` gives ratios in [1, 2), ``floor`` in (max / 2^(emax+1), max / 2^emax]."""
-    amax = block_amax(x, block).flatten()
-    amax = amax[amax > 0]
-    scale = e8m0_decode(e8m0_encode(mx_exponent(amax, element, rule))).double()
-    return scale / (amax.double() / _element_max(element))
-
-
 # -- block-scaled matmul --------------------------------------------------------------------------
 
 
@@ -451,11 +441,12 @@ def block_mm(a: BlockTensor, b: BlockTensor) -> torch.Tensor:
 
 def accumulation_bound(a: BlockTensor, b: BlockTensor) -> torch.Tensor:
     """How far :func:`block_mm` and :func:`reference_mm` may differ, elementwise: each is a sum
-    of K float32 products, within ``(K + 4) u |A| |B|^T`` of the exact sum (u = 2^-24, the
-    scales' products counted), so they are within twice that of each other."""
-    k = a.values.shape[1]
+    of K float32 products, within ``γ_n |A| |B|^T`` of the exact sum, ``γ_n = nu / (1 - nu)``
+    with u = 2^-24 and n = K + 4 roundings (the scales' products counted; Higham, section
+    3.1), so they are within twice that of each other."""
+    nu = (a.values.shape[1] + 4) * 2.0**-24
     mags = a.dequantize().abs().double() @ b.dequantize().abs().double().t()
-    return (2 * (k + 4) * 2.0**-24 * mags).float()
+    return (2 * nu / (1 - nu) * mags).float()
 
 
 # -- the real kernel (make gpu-check) ------------------------------------------------------------------
@@ -491,12 +482,15 @@ def _kernel_mxfp8(qa: BlockTensor, qb: BlockTensor, device) -> torch.Tensor:
 
 
 def block_kernel_skip(device) -> str | None:
-    """Why the real block-scaled kernel cannot run on ``device`` here, or None if it can:
-    it needs a CUDA GPU of compute capability 10.0+ (Blackwell), ``F.scaled_mm`` and the
-    e8m0 dtype (this torch release)."""
+    """Why the real MXFP8 kernel cannot run on ``device`` here, or None if it can: MX and
+    NVFP4 block scales (1x32, 1x16) need a CUDA GPU of compute capability 10.0+ (Blackwell),
+    ``F.scaled_mm`` and the e8m0 dtype (this torch release). (1x128 and 128x128 scales run on
+    Hopper instead: :data:`HARDWARE`.) The check is written for CUDA; on ROCm it is not run."""
     dev = torch.device(device)
     if dev.type != "cuda":
-        return f"block-scaled kernels run on CUDA GPUs of compute capability 10.0+; this is {dev.type}"
+        return f"MX and NVFP4 block-scaled kernels run on CUDA GPUs of compute capability 10.0+; this is {dev.type}"
+    if torch.version.hip is not None:
+        return "this check is written for CUDA's MXFP8 kernel; on ROCm it is not run"
     cc = torch.cuda.get_device_capability(dev)
     if cc < (10, 0):
         return (f"MXFP8 and NVFP4 kernels need compute capability 10.0+ (Blackwell); this GPU is "
@@ -536,7 +530,7 @@ def block_kernel_check(device=None, kernel=_kernel_mxfp8) -> KernelCheck:
 
 def cpu_block_refusal() -> str | None:
     """What this torch release's ``F.scaled_mm`` says, on the CPU, to 1x32 e8m0 block scales
-    (None if it runs them)."""
+    (None if it runs them): its message, without the line that lists the arguments it got."""
     if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
         return f"torch {torch.__version__.split('+')[0]} has no torch.nn.functional.scaled_mm"
     if as_float8_e8m0(torch.zeros(1, dtype=torch.uint8)) is None:
@@ -547,17 +541,16 @@ def cpu_block_refusal() -> str | None:
     try:
         F.scaled_mm(a, a.t(), s, kind, s, kind, output_dtype=torch.float32)
     except (RuntimeError, ValueError, NotImplementedError, TypeError) as err:
-        return str(err).strip().splitlines()[0]
+        lines = str(err).strip().splitlines()
+        return "\n".join([lines[0]] + [line for line in lines[1:] if not line.startswith("Got ")])
     return None
 
 
 # -- which hardware runs what (a lookup) ---------------------------------------------------------------
 
 HARDWARE = (
-    ("a CPU", "no block scales: torch's CPU _scaled_mm (aten/src/ATen/native/Blas.cpp, _scaled_mm_out_cpu) "
-     "takes fp8 scales per tensor (and per row from torch 2.13). With oneDNN on x86, two operands of one fp8 "
-     "dtype go to oneDNN on a CPU with AMX-INT8, two of mixed dtypes on one with AMX-FP16 (in some releases "
-     "only with per-tensor scales); all others dequantize to float32. Every block scheme here is emulated"),
+    ("a CPU", "no block scales in torch's scaled_mm (the cell below asks this release; lesson 08 covers its "
+     "fp8 paths): every block scheme here is emulated"),
     ("Turing, Ampere (T4, A100: sm_75, sm_80)", "no fp8 tensor cores: torch's CUDA _scaled_mm refuses "
      "compute capability below 8.9 (lesson 08), so every scheme here is emulated"),
     ("Ada (L4: sm_89)", "fp8 tensor cores, scales per tensor or per row; no block scales in torch's "

@@ -15,22 +15,27 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .blockscale import quantize, round_e2m1
+from .blockscale import Scheme, quantize, round_e2m1, with_scales
 
 
 @dataclass(frozen=True)
 class BlockRecipe:
-    """The scheme of the forward operands (input, weight) and of the output gradient, and how
-    the gradient is rounded (``"stochastic"`` only for e2m1 elements)."""
+    """The scheme (a name or a :class:`~amp_lessons.blockscale.Scheme`) of the forward operands
+    (input, weight) and of the output gradient, and how the gradient is rounded
+    (``"stochastic"`` only for e2m1 elements)."""
 
     name: str
-    forward: str
-    grad: str
+    forward: str | Scheme
+    grad: str | Scheme
     grad_rounding: str = "nearest"
 
 
+# rceil e8m0 scales: the rule of torchao 0.18's MXFP8TrainingOpConfig and of Transformer
+# Engine's MXFP8 recipe (the OCP floor rule saturates the top of some blocks).
+MXFP8_RCEIL = with_scales("MXFP8", "e8m0", "rceil")
+
 BLOCK_RECIPES = {
-    "mxfp8": BlockRecipe("mxfp8", "MXFP8", "MXFP8"),
+    "mxfp8": BlockRecipe("mxfp8", MXFP8_RCEIL, MXFP8_RCEIL),
     "nvfp4": BlockRecipe("nvfp4", "NVFP4", "NVFP4"),
     "nvfp4 + stochastic grads": BlockRecipe("nvfp4 + stochastic grads", "NVFP4", "NVFP4", "stochastic"),
 }
