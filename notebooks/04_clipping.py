@@ -91,7 +91,7 @@ print(f"{'':<22}{'scale':>7}{'true norm':>11}{'clip saw':>11}{'applied':>11}")
 for precision, order in CASES:
     r = one_clipped_step(lesson_model().to(device), x, y, precision, max_norm=MAX_NORM, order=order)
     results[precision, order] = r
-    print(f"{precision + ', ' + order:<22}{r.scale:>7g}{measured(r.true_norm, '.4f'):>11}"
+    print(f"{precision + ', ' + order:<22}{r.scale:>7g}{measured(r.true_norm, '.6f'):>11}"
           f"{measured(r.seen, '.4g'):>11}{measured(r.applied_norm, '.3g'):>11}")
 
 # %% [markdown]
@@ -219,8 +219,24 @@ typical = statistics.median(adam_runs["fp16, clip then unscale_"]["applied_norm"
 print(f"typical |gradient| after the wrong clip: {measured(typical, '.1e')}   Adam's eps: {1e-8:.0e}")
 
 # %% [markdown]
-# How much of the gap is `eps`? The wrong order once more, with `eps` divided by the scale,
-# so that it sits as far below these gradients as 1e-8 sits below true ones:
+# How much of the gap is `eps`? Adam's step does not change when its gradients and `eps`
+# are multiplied by one factor (its `m` grows by it, `sqrt(v)` too, and the step is their
+# ratio; checked next). The wrong order's gradients are the true ones rescaled to norm
+# `max_norm / scale`; so the wrong order once more with `eps / scale` is AdamW with the
+# default `eps` on gradients rescaled to norm `max_norm` at every step:
+
+# %%
+p, g = torch.randn(50, generator=torch.Generator().manual_seed(0)), torch.randn(50, generator=torch.Generator().manual_seed(1))
+steps = {}
+for c in (1.0, 2.0**-16):
+    w = torch.nn.Parameter(p.clone())
+    opt = torch.optim.AdamW([w], lr=3e-3, eps=1e-8 * c)
+    for _ in range(3):
+        w.grad = g * c
+        opt.step()
+    steps[c] = w.detach()
+print("three AdamW steps, gradients and eps times 2^-16 against times 1: the same weights bit for bit:",
+      torch.equal(steps[1.0], steps[2.0**-16]))
 
 # %%
 def adamw_eps(eps):
@@ -238,7 +254,7 @@ share = (loss["fp16, clip then unscale_"] - loss["fp16, clip then unscale_, eps 
 print(between("eps / scale closes part of the gap, not all of it: between 10% and 90%", share, 0.1, 0.9, ".0%"))
 
 # %% [markdown]
-# The rest of the gap is the equal norms. Either way the loss is the wrong place to look for this bug: look at what the clip saw
+# So the rest of the gap is the equal norms. Either way the loss is the wrong place to look for this bug: look at what the clip saw
 # (below, a check that does it for you).
 #
 # ## `clip_grad_value_` has the same trap
@@ -334,7 +350,7 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 # samples, and the network has no BatchNorm (whose statistics would see only a
 # micro-batch; the `torch.nn.BatchNorm1d` docs: statistics "over the mini-batches").
 # Stepping every micro-batch takes k steps on small batches instead (what is left of the
-# last micro-batch's gradient, already unscaled, is divided by the scale again at the next
+# previous micro-batch's gradient, already unscaled, is divided by the scale again at the next
 # `unscale_`, so it all but vanishes), and k scaler updates, so `growth_interval` counts k
 # times too fast; with AdamW each is a full Adam step. Not dividing by k makes the summed
 # gradient k times too large. With SGD that is a learning rate k times the one you set,
@@ -387,11 +403,11 @@ with expect_error(RuntimeError):
 # %% [markdown]
 # ## A check to drop into your own loop
 #
-# `check_clipping(scaler)` watches `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_`
-# (and torch 2.6's `clip_grads_with_norm_`; called through `torch.nn.utils`: a clip imported
-# by name before it, or a library's own clip method, is not seen) while it is active and warns (`ScaledClipWarning`) when either
-# runs on gradients the scaler has not unscaled yet; with several optimizers on one scaler,
-# it follows which optimizers' parameters `unscale_` has reached. In your own loop:
+# While it is active, `check_clipping(scaler)` watches the clips called through
+# `torch.nn.utils` (`clip_grad_norm_`, `clip_grad_value_`, `clip_grads_with_norm_`; a clip
+# imported by name before it, or a library's own clip method, is not seen) and warns
+# (`ScaledClipWarning`) when one runs on gradients the scaler has not unscaled yet. In your
+# own loop:
 #
 # ```python
 # from amp_lessons.clipping import check_clipping
@@ -477,3 +493,5 @@ check_clipping_loop(my_loop, backward_in_autocast_is_a_bug)
 #   `eps` (default 1e-8): `torch/optim/adamw.py`, and the `torch.optim.AdamW` docs page.
 # - Backward outside autocast: PyTorch's AMP docs, `docs/source/amp.md` ("Autocasting").
 # - BatchNorm's statistics over the (micro-)batch it sees: the `torch.nn.BatchNorm1d` docs.
+# - `get_total_norm` and `clip_grads_with_norm_`, the two halves of `clip_grad_norm_`:
+#   pytorch/pytorch PR #139662 (torch 2.6), `torch/nn/utils/clip_grad.py`.

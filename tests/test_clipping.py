@@ -558,3 +558,43 @@ def test_check_clipping_sees_the_split_api(data):
         scaler.step(opt)
         scaler.update()
     assert [c.info["scaled"] for c in log.clips] == [True, False]
+
+
+def scaler_from_a_device_object(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device if torch.cuda.is_available() else "cpu")  # a torch.device, or the literal
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def scaler_from_a_torch_device(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device)
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("loop", [scaler_from_a_device_object, scaler_from_a_torch_device])
+def test_checker_accepts_a_scaler_built_from_the_device(loop):
+    v = check_clipping_loop(loop, backward_in_autocast_is_a_bug=False)
+    assert v.passed, str(v)

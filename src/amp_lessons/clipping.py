@@ -565,7 +565,7 @@ def record_amp_calls():
             super().__init__(*args, **kwargs)
             given = args[0] if args else kwargs.get("device", _DEFAULT_SCALER_DEVICE)
             log.scalers.append({"device_given": bool(args) or "device" in kwargs,
-                                "device": getattr(self, "_device", str(given)), "enabled": self.is_enabled()})
+                                "device": str(getattr(self, "_device", given)), "enabled": self.is_enabled()})
             log.trackers.append(_Tracker(self, log))
 
     targets = _clip_targets(_clip_wrappers(log, log.trackers))

@@ -445,7 +445,7 @@ def _hard_coded_device(train) -> str | None:
         source = inspect.getsource(train)
     except (OSError, TypeError):
         return None
-    found = re.search(r"GradScaler\(\s*(?:device\s*=\s*)?['\"](\w+)['\"]", source)
+    found = re.search(r"GradScaler\(\s*(?:device\s*=\s*)?['\"](\w+)['\"]\s*[,)]", source)  # a bare literal
     return found.group(1) if found else None
 
 
@@ -479,7 +479,9 @@ def _clip_finding(log, error) -> list[tuple[bool, str]]:
     if not clips and error is not None:
         return []  # it stopped before the first clip
     if not clips:
-        return [_bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt)")]
+        return [_bug("the loop no longer clips: keep clip_grad_norm_, after scaler.unscale_(opt) (a clip imported "
+                     "by name, from torch.nn.utils import clip_grad_norm_, is not seen: call "
+                     "torch.nn.utils.clip_grad_norm_)")]
     late = _clips_after_step(log)
     if late:
         return [_bug(f"{late} of {len(clips)} clips ran after scaler.step(opt), when the optimizer had already "

@@ -345,7 +345,7 @@ def clipping_runs(runs: dict, max_norm: float):
     axes[2].set(xlabel="optimizer step", ylabel="training loss\n(cross-entropy, nats)",
                 title="loss")
     axes[0].legend(fontsize=9, frameon=False, loc="best")  # the runs and max_norm
-    axes[1].legend(fontsize=9, frameon=False, loc="best", title="dashed: the threshold each run applied",
+    axes[1].legend(fontsize=9, frameon=False, loc="best", title="black: the threshold each run applied",
                    title_fontsize=9)
     for ax in axes:
         ax.spines[["top", "right"]].set_visible(False)
