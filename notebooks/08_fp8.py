@@ -17,11 +17,11 @@
 # # 08 · fp8: a scale for every tensor
 #
 # NVIDIA's Ada, Hopper and Blackwell GPUs have tensor cores for 8-bit floats, and large
-# models are trained with them. Two formats: **e4m3** (4 exponent
-# bits, 3 mantissa bits) and **e5m2**. Their range is so short that no tensor is cast to
-# them as it is. Each one is multiplied by a *scale* first, chosen so that its largest
-# value lands on the format's largest value. That is lesson 03's loss scale again, with
-# two differences: in the recipe this lesson builds, it is computed from the tensor itself
+# models are trained with them. Two formats: **e4m3** (4 exponent bits, 3 mantissa bits)
+# and **e5m2**. Their range is short: cast as they are, most gradients flush to zero (below).
+# So recipes multiply every tensor by a *scale* first, chosen so that its largest value
+# lands on the format's largest value. That is lesson 03's loss scale again, with two
+# differences: in the recipe this lesson builds, it is computed from the tensor itself
 # rather than searched for, and every tensor (or every row) gets its own.
 #
 # Everything here runs on a CPU or a CUDA GPU; on a Mac, on the CPU (`fp8_device`: torch has
@@ -117,13 +117,14 @@ for name in ("fp8_e4m3", "fp8_e5m2"):
 
 # %% [markdown]
 # An fp8 tensor is storage for a matmul, not a number type you compute with. It takes one
-# byte per value, and torch refuses most arithmetic on it, `add` for one:
+# byte per value, and torch refuses most arithmetic on it (`add` for one; `*` runs):
 
 # %%
 from amp_lessons.show import expect_error
 
 a8 = torch.tensor([1.0, 2.0, 3.0]).to(torch.float8_e4m3fn)
 print(a8.dtype, a8.element_size(), "byte per value:", a8.float().tolist())
+print("a8 * a8 runs, to", (a8 * a8).dtype)
 with expect_error(NotImplementedError):
     a8 + a8
 
@@ -135,25 +136,19 @@ with expect_error(NotImplementedError):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The answer depends on the release and the path: see the list below.
+# The answer depends on the release and the path: see below.
 from amp_lessons.formats import bits_of, e4m3_overflow
 
 print(e4m3_overflow(device))
 print(bits_of(1e6, "fp8_e4m3"))
 
 # %% [markdown]
-# What an eager cast stores for a value too large for e4m3 depends on where it runs (not all
-# run here):
-#
-# - **on a CPU**: NaN before torch 2.13, 448 from 2.13 on, where torch's shared conversion
-#   saturates (pull request 178817, "Properly saturate E4M3 on finite-overflow on CPU/C++
-#   conversion code");
-# - **on a CUDA GPU**: the same, except with a CUDA 13 build on compute capability 8.9 or
-#   more, where the GPU's own saturating conversion gives 448 even where the CPU gives NaN;
-# - **compiled** (`torch.compile`): the generated code's own rule, not probed here.
-#
-# So clamp to the largest value before casting (torchao's `to_fp8_saturated` and
-# `saturating_cast` do): 448 for `1e6` on every release and path, not NaN. e5m2 has inf:
+# Clamp to the largest value before casting (torchao's `to_fp8_saturated` and
+# `saturating_cast` do): that stores 448 for `1e6` on every release and path. A plain eager
+# cast depends on the release: on a CPU NaN before torch 2.13, 448 from 2.13 on (pull request
+# 178817). A CUDA GPU does the same, except some CUDA 13 builds, whose copy kernel calls
+# CUDA's saturating conversion (pull request 177870), store 448 before 2.13 too. Compiled
+# code (`torch.compile`) follows its own rule, not probed here. e5m2 has inf:
 
 # %%
 from amp_lessons.fp8 import saturating_cast
@@ -214,14 +209,15 @@ amp_lessons.claims.at_least("the output gradients, pooled, span more powers of t
 
 # %% [markdown]
 # A scale per tensor (below) has to cover only one tensor's span. The output gradients,
-# layer by layer:
+# layer by layer (layer 4, the 10-class head, stays out of fp8 below):
 
 # %%
 per_layer = {o.layer: span([o.grad_output]) for o in operands}
 for layer, (lo, hi) in per_layer.items():
     print(f"layer {layer}: grad_output spans {measured(hi - lo, '.1f')} powers of two")
-amp_lessons.claims.at_least("even one layer's output gradient can span more powers of two than e4m3 holds",
-                            max(hi - lo for lo, hi in per_layer.values()), round(e4m3_span, 1), ".1f")
+widest = max(hi - lo for layer, (lo, hi) in per_layer.items() if layer != operands[-1].layer)  # not the head
+amp_lessons.claims.at_least("even one fp8 layer's output gradient can span more powers of two than e4m3 holds",
+                            widest, round(e4m3_span, 1), ".1f")
 
 # %% [markdown]
 # **Predict:** cast as they are, what share of each kind does e4m3 flush to zero? e5m2?
@@ -247,21 +243,20 @@ print(amp_lessons.claims.at_most("inputs and weights fit e4m3 nearly as they are
                                  inputs_weights, 0.02))
 
 # %% [markdown]
-# The gradients are the problem, as in lesson 03, only worse: they sit far below the inputs
-# and weights, and they span more powers of two than e4m3 has. A loss scale (lesson 03)
-# multiplies every gradient by one factor and never touches inputs or weights: it can move
-# the gradients' span, but not narrow it to fit e4m3's.
+# The gradients are lesson 03's problem, only worse. A loss scale multiplies every gradient
+# by one factor: it can move their span, but not narrow it to fit e4m3's.
 #
 # ## A scale per tensor
 #
 # So each tensor gets its own scale, computed from its largest magnitude, its **amax**:
 # `scale = 448 / amax` for e4m3. Multiply, cast, and keep the scale next to the fp8 values;
-# to read them back (**dequantize**), multiply by `1 / scale`. Here is one output gradient:
+# to read them back (**dequantize**), multiply by `1 / scale`. Here is layer 2's output
+# gradient:
 
 # %%
 from amp_lessons.fp8 import amax, quantize
 
-g = operands[-1].grad_output
+g = operands[1].grad_output
 q = quantize(g, "fp8_e4m3")
 print(f"amax {measured(amax(g).item())}, scale = 448 / amax = {measured(q.scale.item())} "
       f"= 2^{measured(q.scale.log2().item(), '.2f')}")
@@ -305,12 +300,10 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 #
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)` in the `out_dtype` it is
-# given (`scaled_mm` below gives float32). On a CPU, torch computes exactly that: it
-# dequantizes to float32 and runs a float32 matmul. The exception is decided first, before
-# the scales are looked at: with oneDNN on (`torch.backends.mkldnn`, the default) and a CPU
-# with AMX-INT8 (both operands of one fp8 dtype) or AMX-FP16 (mixed e4m3 and e5m2),
-# `_scaled_mm_out_cpu` (`aten/src/ATen/native/Blas.cpp`) hands the call to oneDNN. An fp8
-# GPU feeds the fp8 values to its tensor cores and applies the scales to the result.
+# given (`scaled_mm` below gives float32). On a CPU, torch computes exactly that, a float32
+# matmul of the dequantized values, except on a CPU with AMX, where oneDNN takes the call
+# (Sources). An fp8 GPU feeds the fp8 values to its tensor cores and applies the scales to
+# the result.
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
 # **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
@@ -343,24 +336,21 @@ err = ((fp8_out - exact).norm() / exact.norm()).item()
 print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the float32 one", err, e4m3.eps))
 
 # %% [markdown]
-# On CUDA, `_scaled_mm` has stricter rules than on a CPU. In torch 2.13's
-# `aten/src/ATen/native/cuda/ScaledBlas.cpp` (not run here): compute capability 8.9 or
-# 9.0+; the second operand column-major (cuBLASLt's layout for fp8); its two dimensions and
-# the first operand's inner one multiples of 16; and, on CUDA but not ROCm, never e5m2
-# times e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported"): e5m2 is for
-# gradients, paired with an e4m3 operand. With per-row scales the course asks for a bf16
-# output on a GPU (`fp8_support` below). On a CPU, torch 2.11 refuses per-row scales and
-# 2.13 takes them (probed here after the hardware table).
+# On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, not run here): compute capability
+# 8.9 or 9.0+; the second operand column-major; its two dimensions and the first operand's
+# inner one multiples of 16; never e5m2 times e5m2 (ROCm allows it): e5m2 is for gradients,
+# paired with e4m3. On a CPU, torch 2.11 refuses per-row scales and 2.13 takes them (probed
+# at the end).
 #
 # ## One outlier channel: per tensor against per row
 #
 # Large language models have a few channels far larger than the rest. There they sit in
 # the *input features* of a layer, a few columns of the activations `A` (LLM.int8(),
 # Dettmers et al. 2022; SmoothQuant, Xiao et al. 2023). Such a column is in every row of
-# `A`, so every row's amax includes it, and per-row scales cannot isolate it (SmoothQuant
-# moves it into the weights first). The demo here takes the case per-row scales do fix: a
-# 64 x 64 layer whose output channel 0 (row 0 of the weight) is `2^k` times larger than the
-# others. The error is measured on the *other* outputs. **Predict:** does a 2^8 outlier
+# `A`, so every row's amax includes it, and per-row scales cannot isolate it. The demo here
+# takes the case per-row scales do fix: a 64 x 64 layer whose output channel 0 (row 0 of
+# the weight) is `2^k` times larger than the others. The error is measured on the *other*
+# outputs. **Predict:** does a 2^8 outlier
 # hurt per-tensor scaling?
 
 # %%
@@ -399,12 +389,10 @@ from amp_lessons.fp8 import Fp8Matmul
 print(inspect.getsource(Fp8Matmul))
 
 # %% [markdown]
-# `convert_to_fp8` swaps every `nn.Linear` whose two dimensions are multiples of 16 for an
-# `Fp8Linear` sharing its parameters. torchao's `convert_to_float8_training` swaps every
-# `nn.Linear` unless it is given a `module_filter_fn`; its documented example passes one that
-# skips dimensions not divisible by 16, and the torchao cell below passes `fits_fp8`. The
-# weights stay float32 (master weights); the head stays as it is; `emulate` is the
-# `_scaled_mm` cell's.
+# `convert_to_fp8` swaps every `nn.Linear` that `fits_fp8` (CUDA's multiples of 16) for an
+# `Fp8Linear` sharing its parameters; torchao's `convert_to_float8_training` swaps every one
+# its `module_filter_fn` keeps (the torchao cell below passes `fits_fp8`). The weights stay
+# float32 (master weights); the head stays as it is; `emulate` is the `_scaled_mm` cell's.
 
 # %%
 import copy
@@ -475,25 +463,32 @@ fp8_training(runs, scales.series())
 
 # %% [markdown]
 # In the right-hand panel, every operand finds its own scale at every step (layer 0's input,
-# the pixels, keeps one). How far apart are the gradients' scales and the weights'?
+# the pixels, keeps one). A scale is `fmt.max / amax`, so part of the gap between the
+# gradients' (e5m2) and the weights' (e4m3) is the formats'. How far apart are the tensors
+# themselves, by their amaxes?
 
 # %%
 import statistics
 
 series = scales.series()
-log2_scale = {kind: statistics.median(v for k, s in series.items() if k.endswith(kind) for v in s)
-              for kind in (".weight", ".grad_output")}
-print(amp_lessons.claims.at_least("the gradients' scale is at least 2^8 times the weights'",
-                                  log2_scale[".grad_output"] - log2_scale[".weight"], 8, ".1f"))
+fmt_max = {".weight": format_info("fp8_e4m3").max, ".grad_output": format_info("fp8_e5m2").max}
+log2_amax = {kind: statistics.median(math.log2(top) - v for k, s in series.items() if k.endswith(kind) for v in s)
+             for kind, top in fmt_max.items()}
+print(f"the formats' share of the scales' gap: log2(57344 / 448) = "
+      f"{math.log2(fmt_max['.grad_output'] / fmt_max['.weight']):g}")
+print(amp_lessons.claims.at_least("the weights' amax is at least 2^4 times the gradients'",
+                                  log2_amax[".weight"] - log2_amax[".grad_output"], 4, ".1f"))
 print("layer 0's input scale at every step is 448 / 1 (a pixel at 1 in every batch):",
       set(series["0.input"]) == {math.log2(448)})
 
 # %% [markdown]
 # ## The same with torchao
 #
-# torchao's `convert_to_float8_training` does what `convert_to_fp8` does, with fused
-# kernels and `torch.compile` support. It is optional (`pip install -e ".[fp8]"`); where it
-# is installed, this cell trains the same model with it (not compared: it may be missing).
+# torchao's `convert_to_float8_training` runs the same tensorwise recipe, with
+# `torch.compile` support and one difference: its forward matmul sets `use_fast_accum=True`,
+# "fast accumulation in lower precision" on an fp8 GPU (lesson 09). It is optional
+# (`pip install -e ".[fp8]"`); where it is installed, this cell trains the same model with
+# it (not compared: it may be missing).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -518,10 +513,10 @@ else:
 # %% [markdown]
 # ## Which hardware runs fp8 fast
 #
-# fp8 pays off only where the matmul runs on fp8 hardware. On NVIDIA GPUs that is compute
-# capability 8.9 (Ada: L4, RTX 40xx) and 9.0 or newer (Hopper, Blackwell): `fp8_support`
-# follows the rules of `ScaledBlas.cpp` above. AMD's MI300 runs `_scaled_mm` on ROCm in the
-# `fnuz` variants (`float8_e4m3fnuz`): this lesson's e4m3fn code and 448 do not carry over.
+# NVIDIA's fp8 tensor cores come with compute capability 8.9 (Ada: L4, RTX 40xx) and 9.0 or
+# newer (Hopper, Blackwell); `fp8_support` follows `ScaledBlas.cpp`'s rules, per-row outputs
+# included. AMD's MI300 runs `_scaled_mm` on ROCm in the `fnuz` variants
+# (`float8_e4m3fnuz`): this lesson's e4m3fn code and 448 do not carry over.
 
 # %%
 from amp_lessons.hardware import fp8_support
@@ -549,7 +544,7 @@ print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_s
 # - e4m3 (here for inputs and weights, 3 mantissa bits) spans fewer than half of fp16's
 #   powers of two. e5m2 (here for gradients; recipes differ, some use e4m3 throughout) has
 #   fp16's exponent and 2 mantissa bits: fp16's largest values nearly, but its subnormals
-#   stop at 2^-16. A tensor is never cast as it is.
+#   stop at 2^-16. Unscaled, e4m3 flushes most gradients; recipes scale every tensor.
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
 #   flush fewer still. Delayed scaling reuses past amaxes and can overflow.
@@ -577,9 +572,9 @@ print(inspect.getsource(row_scale_as_given))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
-# checker runs it on exact inputs in e4m3 and e5m2: ordinary rows from 2^-36 to 2^5, an
-# outlier row, a row of zeros (a dead ReLU unit puts one in the backward pass) and a row
-# with a single value. As given, it checks the function above:
+# checker runs it in e4m3 and e5m2 on exact rows such as a backward pass holds, from 2^-36
+# to 2^5, an outlier and sparse ones, and asks for exact scales, `max / amax` (not the
+# `_scaled_mm` cell's powers of two). As given, it checks the function above:
 
 # %%
 my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, name="fp8_e4m3"): ...
@@ -594,20 +589,24 @@ check_row_scale(my_row_scale)
 # - The `fn` suffix: ml_dtypes' README (`float8_e4m3fn`), after LLVM's `APFloat.h`
 #   (`Float8E4M3FN`).
 # - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value` in
-#   `torch/headeronly/util/Float8_e4m3fn.h` (torch 2.13; `c10/util/Float8_e4m3fn-inl.h`
-#   before), and CUDA's own conversion with saturation, `ConvertToFloat8E4M3fnOp` in
-#   `aten/src/ATen/native/cuda/Copy.cu` (recent releases, CUDA 13 builds).
-# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`; e5m2 x e5m2
+#   `torch/headeronly/util/Float8_e4m3fn.h` (torch 2.11 and 2.13; `c10/util`'s forwards to
+#   it); CUDA's saturating one, `__nv_cvt_float_to_fp8` with `__NV_SATFINITE`, in
+#   `aten/src/ATen/native/cuda/Copy.cu` (pull request 177870: CUDA 13.2 builds; later
+#   versions of the file: CUDA 13.0+, compute capability 8.9+).
+# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp` (per-row: "Only bf16
+#   and fp16 high precision output types are supported for row-wise scaling."); e5m2 x e5m2
 #   allowed on ROCm: pytorch/pytorch#148228; MI300's fnuz dtypes: `_scaled_mm_is_fnuz` there
 #   (gfx942), and torchao's `Float8TypeConfig` (`torchao/float8/config.py`).
 # - No `float8_e5m2` on Apple's GPU (MPS): pytorch/pytorch#132624 (open).
-# - `_scaled_mm` on a CPU: `_scaled_mm_out_cpu` in `aten/src/ATen/native/Blas.cpp` (the AMX
-#   rule to oneDNN; before per-row support, `_scaled_mm_out_cpu_emulated` asserted "Now
-#   _scaled_mm only supports per-tensor scaling for CPU backend.").
+# - `_scaled_mm` on a CPU: `_scaled_mm_out_cpu` in `aten/src/ATen/native/Blas.cpp` (to
+#   oneDNN with AMX-INT8, or AMX-FP16 for mixed dtypes, and oneDNN on; before per-row
+#   support, `_scaled_mm_out_cpu_emulated` asserted "Now _scaled_mm only supports per-tensor
+#   scaling for CPU backend.").
 # - Clamping before the cast: `to_fp8_saturated`, `torchao/float8/float8_utils.py`.
 # - Delayed scaling: NVIDIA Transformer Engine's docs, "Using FP8 with Transformer Engine"
-#   (`recipe.DelayedScaling`). torchao: `convert_to_float8_training`'s API page (its
-#   `module_filter_fn` example) and `Float8LinearConfig` (`emulate`) in `torchao/float8/config.py`.
+#   (`recipe.DelayedScaling`). torchao: `convert_to_float8_training`'s API page; in
+#   `torchao/float8/config.py`, `Float8LinearConfig` (`emulate`, `gemm_config_output`) and
+#   `Float8GemmConfig` (`use_fast_accum`).
 # - Outlier input features in LLMs: Dettmers et al., "LLM.int8()" (2022); Xiao et al.,
 #   "SmoothQuant" (2023).
 # - Which GPUs have fp8 tensor cores: NVIDIA's Ada and Hopper architecture whitepapers and

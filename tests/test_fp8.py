@@ -380,6 +380,11 @@ def test_fp8_support_by_device():
         assert got is fast, (kind, cc, why)
     assert "8.9 or 9.0+" in fp8_support("cuda", (8, 0))[1]
     assert "float32 matmul" in fp8_support("cpu")[1]
+    # ScaledBlas.cpp's row-wise path that writes only bf16/fp16: below 9.0, old cuBLAS, 10.0+
+    row = "per-row scales need a bf16 or fp16 output"
+    assert fp8_support("cuda", (8, 9))[1].endswith(row)
+    assert fp8_support("cuda", (10, 0))[1].endswith(row) and fp8_support("cuda", (12, 0))[1].endswith(row)
+    assert fp8_support("cuda", (9, 0))[1].endswith(row + " below cuBLAS 12.9")
 
 
 def test_fp8_device_gives_the_cpu_on_a_mac(monkeypatch):
@@ -412,12 +417,16 @@ def test_row_scale_exercise_checker():
 
     given = check_row_scale(row_scale_as_given)
     assert not given.passed and "row 6 is all zeros" in str(given) and "what does your formula give" in str(given)
+    # flooring the amax at float32's smallest normal still overflows: 448 / 1.18e-38 is inf
+    floor = torch.finfo(torch.float32).tiny
+    tiny = check_row_scale(lambda x, name: format_info(name).max / x.abs().amax(dim=1, keepdim=True).clamp(min=floor))
+    assert not tiny.passed and "row 6 is all zeros" in str(tiny) and "inf for every amax below 1.3e-36" in str(tiny)
     assert "clamp" not in str(given) and "1e-12" not in str(given)  # a hint, not the answer
     right = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name))
     assert right.passed and str(right).count("right:") == 2
     # a scale that keeps every row in range but not on the largest value is half right, and fails
     pow2 = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name, power_of_2=True))
-    assert not pow2.passed and "not at 448" in str(pow2) and "onto 448 itself" in str(pow2)
+    assert not pow2.passed and "not at 448" in str(pow2) and "power-of-two scales are a recipe" in str(pow2)
     half = check_row_scale(lambda x, name: 0.51 * scale_from_amax(amax(x, "row"), name))
     assert not half.passed and "not at 448" in str(half) and "not at 57344" in str(half)
     eps = torch.finfo(torch.float32).eps  # off by float32 rounding only: right
@@ -453,12 +462,10 @@ def test_fp8_training_figure():
     fig = fp8_training({"bf16": h, "fp8": h}, scales)
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     title = fig._suptitle.get_text()
-    assert "gradients' is about 2^21, the weights' 2^9, about 2^12 apart" in title
-    # the gap is the rounded exponents' difference, never one that disagrees with them
-    scales = {"0.input": [8.2] * 5, "0.weight": [9.0] * 5, "0.grad_output": [22.9] * 5}
-    title = fp8_training({"bf16": h, "fp8": h}, scales)._suptitle.get_text()
-    assert "about 2^23, the weights' 2^9, about 2^14 apart" in title
-    assert "loss scale" not in title  # a GradScaler never scales weights: no comparison with it
+    assert "e4m3's 448, e5m2's 57344" in title  # the formats' share of each scale, said once
+    assert "apart" not in title and "loss scale" not in title  # the distance is the lesson's amax check
+    labels = [line.get_label() for line in fig.axes[1].get_lines()]
+    assert labels == ["layer 0: input (e4m3)", "layer 0: weight (e4m3)", "layer 0: grad_output (e5m2)"]
     assert "log2" in fig.axes[1].get_ylabel()
 
 
@@ -468,6 +475,16 @@ def test_torchao_is_optional(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao -> ImportError
     found, why = fp8.torchao_float8()
     assert found is None and 'pip install -e ".[fp8]"' in why
+
+
+def test_gpu_cast_rule_allows_only_cuda_13_saturation():
+    nan, sat = (math.nan, math.nan), (448.0, 448.0)
+    assert fp8._gpu_cast_as_told(sat, sat, "12.8") and fp8._gpu_cast_as_told(sat, sat, None)
+    assert fp8._gpu_cast_as_told(nan, sat, "13.0") and fp8._gpu_cast_as_told(nan, sat, "13.2")
+    assert not fp8._gpu_cast_as_told(nan, sat, "12.8")  # only a CUDA 13 build saturates on its own
+    assert not fp8._gpu_cast_as_told(sat, nan, "13.2")  # never NaN where the CPU saturates
+    assert not fp8._gpu_cast_as_told(nan, (448.0, math.nan), "13.2")
+    assert fp8._gpu_cast_as_told((float("nan"),) * 2, (float("nan"),) * 2, "12.8")  # NaN agrees with NaN
 
 
 def test_selfcheck_on_this_cpu():

@@ -769,8 +769,10 @@ def check_row_scale(fn) -> Verdict:
         bad = [i for i, s in enumerate(scale.flatten().tolist()) if not (math.isfinite(s) and s > 0)]
         if bad:
             passed = False
+            tiny = top / torch.finfo(torch.float32).max  # below this amax, top / amax overflows float32
             words = ("all zeros. What is its amax, and what does your formula give for it? A scale "
-                     "must be finite even where a row holds nothing" if zero_row in bad
+                     "must be finite even where a row holds nothing, and in float32 "
+                     f"{top:g} / amax is inf for every amax below {tiny:.2g}" if zero_row in bad
                      else "not finite and positive")
             findings.append(f"{name}: the scale of row {bad[0]} is {scale.flatten()[bad[0]].item()}; row "
                             f"{bad[0]} is {words}")
@@ -789,9 +791,12 @@ def check_row_scale(fn) -> Verdict:
             findings.append(f"{name}: row {i} reaches {peak[i].item():g} after scaling{fate}")
         if low:
             same = bool((scale == scale.flatten()[0]).all())
+            pow2 = bool((torch.frexp(scale.float()[nonzero])[0] == 0.5).all())  # no exact scale here is one
             why = ("every row got the same scale, which is per-tensor scaling: the largest row sets it and "
-                   "the small rows land low. Per row, each row's scale comes from its own amax"
-                   if same else f"the scale should carry the row's amax onto {top:g} itself, so the row uses "
+                   "the small rows land low. Per row, each row's scale comes from its own amax" if same
+                   else f"power-of-two scales are a recipe of their own (quantize's power_of_2); this "
+                   f"exercise asks for the exact one, which carries the row's amax onto {top:g} itself" if pow2
+                   else f"the scale should carry the row's amax onto {top:g} itself, so the row uses "
                    "the whole range")
             findings.append(f"{name}: row {low[0]}'s largest value lands at {peak[low[0]].item():g}, not at "
                             f"{top:g}: {why}")

@@ -521,14 +521,16 @@ def lost_updates(lrs, fractions: dict, optimizer: str = "sgd", at_lr: float | No
 # --- 08_fp8 ---------------------------------------------------------------------------
 
 
-def fp8_training(runs: dict, scales: dict):
+def fp8_training(runs: dict, scales: dict, recipe="tensorwise"):
     """08: left, the training loss of each run (``{label: History}``); right, the log2 of
     each fp8 operand's per-tensor scale at every step (``{"layer.kind": [log2 scale]}``,
-    from :class:`amp_lessons.fp8.ScaleHistory`). The title compares the gradients' scale
-    with the weights': how far apart the scales of two kinds of operand sit (both medians
-    rounded to a power of two, and their gap taken from the rounded ones)."""
-    import statistics
+    from :class:`amp_lessons.fp8.ScaleHistory`). The legend and the title name each kind's
+    format in ``recipe`` (:func:`amp_lessons.fp8.get_recipe`), since ``scale = fmt.max / amax``
+    depends on it as much as on amax."""
+    from .fp8 import get_recipe
 
+    r = get_recipe(recipe)
+    formats = {"input": r.forward_format, "weight": r.forward_format, "grad_output": r.grad_format}
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     styles = [dict(color="#4c78a8", lw=4, alpha=0.4), dict(color="#e45756", lw=1.4),
               dict(color="#f58518", lw=1.2, ls="--"), dict(color="#54a24b", lw=1.2, ls=":")]
@@ -541,16 +543,15 @@ def fp8_training(runs: dict, scales: dict):
     layers = sorted({key.rsplit(".", 1)[0] for key in scales})
     for key, values in scales.items():
         layer, kind = key.rsplit(".", 1)
+        fmt = (formats.get(kind) or "").removeprefix("fp8_")
         right.plot(range(len(values)), values, color=colors.get(kind, "grey"),
-                   ls=dashes[layers.index(layer) % len(dashes)], lw=1.2, label=f"layer {layer}: {kind}")
+                   ls=dashes[layers.index(layer) % len(dashes)], lw=1.2,
+                   label=f"layer {layer}: {kind}" + (f" ({fmt})" if fmt else ""))
     right.set(xlabel="optimizer step", ylabel="log2 of the scale (scale = fmt.max / amax)")
     right.legend(frameon=False, fontsize=8, ncol=2)
-    medians = {kind: [statistics.median(v) for k, v in scales.items() if k.endswith("." + kind) and v]
-               for kind in colors}
-    if medians["grad_output"] and medians["weight"]:
-        g, w = round(statistics.median(medians["grad_output"])), round(statistics.median(medians["weight"]))
-        fig.suptitle(f"each tensor gets its own scale: the gradients' is about 2^{g}, the "
-                     f"weights' 2^{w}, about 2^{g - w} apart", fontsize=10)
+    maxima = ", ".join(f"{name.removeprefix('fp8_')}'s {format_info(name).max:g}"
+                       for name in dict.fromkeys(formats.values()) if name)
+    fig.suptitle(f"each fp8 operand gets its own scale, every step (fmt.max: {maxima})", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
