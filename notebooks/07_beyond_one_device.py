@@ -171,8 +171,8 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
 # GradScaler, DDP all-reduces during `scaler.scale(loss).backward()` (each bucket's reduction
 # "can potentially overlap with backward computation": the `DistributedDataParallel`
 # docstring), before `unscale_`. So the hook casts gradients still multiplied by the loss
-# scale, which lifts small ones above fp16's subnormals; a scaled gradient past 65504 would
-# become an inf in the cast, and the scaler would skip the step. In float32 or bf16
+# scale, which lifts small ones above fp16's subnormals; a scaled gradient from 65520 on
+# (lesson 01) would become an inf in the cast, and the scaler would skip the step. In float32 or bf16
 # training nothing lifts them. Whether a compress hook saves time depends on how long the
 # step waits for the all-reduce: measure your step time with it and without it.
 #
@@ -190,7 +190,7 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
 # ## FSDP2: sharded, with a policy for each dtype
 #
 # FSDP2 keeps 1/W of every parameter on each of the W ranks: a `DTensor` sharded on dimension
-# 0. Just before a layer runs, the ranks *all-gather* its full parameters. After backward they
+# 0 by default (padded where W does not divide it; it divides this model's). Just before a layer runs, the ranks *all-gather* its full parameters. After backward they
 # *reduce-scatter* its gradients, so each rank receives the averaged gradient of its own
 # shard. `MixedPrecisionPolicy(param_dtype, reduce_dtype)` sets the dtype of the gathered
 # parameters (so of the layer's computation) and of the reduce-scatter. Its
@@ -221,8 +221,9 @@ print(D.policy_table(fsdp, POLICIES))
 # - The **gradient** that lands in the sharded parameter is float32 again, for the optimizer.
 #
 # And `(bf16, None)`, with reduce_dtype left at None? The answer depends on the torch
-# release: torch 2.15 changed the default (the `reduce_dtype` docstring says so, in
-# `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`). Both defaults, and a check that this
+# release: torch 2.15 changed the default (2.15's `reduce_dtype` docstring says so, under
+# `versionchanged:: 2.15`, in `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`; 2.13's
+# says None "uses the compute dtype"). Both defaults, and a check that this
 # release's run did what its default says:
 
 # %%
@@ -298,12 +299,12 @@ for world in (2, 4, 8, 64):
     pre = 1
     while world % pre == 0 and world / pre > pre:  # torch's loop, as written there
         pre *= 2
-    print(f"W = {world:>2}: divide by {pre} before the fp16 reduce-scatter, by {world // pre} after")
+    print(f"W = {world:>2}: divide by {pre} before the fp16 reduce-scatter, by {world / pre:g} after")
 
 # %% [markdown]
 # A float32 or bf16 reduce-scatter needs neither: FSDP2 lets it average (`ReduceOp.AVG`),
-# except at world size 1 or where a sum is forced, and with a custom divide factor it uses
-# `PREMUL_SUM` (`_get_gradient_divide_factors`).
+# except at world size 1 or where a sum is forced, and with a custom divide factor other than
+# the group's size it uses `PREMUL_SUM` (`_get_gradient_divide_factors`).
 #
 # The same two ranks now each hold 100,000 random gradients of size about 1e-3. How far
 # off is the all-reduced sum, against a float64 one?
@@ -366,7 +367,7 @@ loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends}, tail=1)
 # ## GradScaler across ranks
 #
 # fp16 needs a GradScaler (lesson 03). With FSDP2, each rank unscales only its own shard of
-# the gradients, and an inf can sit in one rank's shard only. If that rank skipped the step
+# the gradients, and an inf may land in just one rank's shard. If that rank skipped the step
 # and the others took it, the shards of one model would come from different steps.
 #
 # Below, fp16 FSDP2 runs 4 steps, and at step 2 an inf is written into rank 1's own gradient
@@ -448,7 +449,8 @@ print(f"2 bytes x the weights after the first layer {sizes[1:]}: {2 * sum(sizes[
 
 # %% [markdown]
 # Less than 2 N: a matmul saves its weight's bf16 copy to compute its *input's* gradient, and
-# the first layer's input, the data, needs none.
+# the first layer's input, the data, needs none; the biases are never saved (a bias's
+# gradient needs only the output's).
 
 # %% [markdown]
 # The same arithmetic for a 7-billion-parameter model on 8 GPUs, in GiB (2^30 bytes). L is
@@ -475,10 +477,11 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 #
 # ## When a launch goes wrong
 #
-# If one rank raises, `launch` stops the others (they would wait at their next collective
-# until its timeout: 60 s in the course's ranks; torch's defaults are 30 minutes for gloo
-# and 10 for NCCL, `default_pg_timeout` and `default_pg_nccl_timeout` in
-# `torch/distributed/constants.py`) and says which rank failed and why:
+# If one rank raises, it writes its error and exits, and on gloo the others fail at once at
+# their next collective ("Connection closed by peer"). A rank that hangs instead leaves them
+# waiting until the collective's timeout: 60 s in the course's ranks; torch's defaults are
+# 10 minutes for NCCL and 30 for other backends (`init_process_group`'s docstring). `launch`
+# stops the ranks still running and says which rank failed first and why:
 
 # %%
 from amp_lessons.show import expect_error
@@ -494,12 +497,12 @@ with expect_error(D.RankFailedError):
 #   rounds every gradient.
 # - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and their gradients in the
 #   parameters' own dtype (float32 here). It all-gathers and computes in `param_dtype`, and
-#   reduce-scatters in `reduce_dtype`: left at None, `param_dtype` before torch 2.15, the
-#   gradients' own dtype from 2.15 on. It is not autocast: each op runs in the dtype it is
+#   reduce-scatters in `reduce_dtype`: left at None, `param_dtype` before torch 2.15, from
+#   2.15 on the parameter's `grad_dtype`, by default its own dtype (float32 here). It is not autocast: each op runs in the dtype it is
 #   given.
 # - Reduce in float32, `reduce_dtype=torch.float32`, the same on every release. A 16-bit
 #   reduce rounds every gradient: bf16 loses small ones beside large ones, fp16 flushes tiny
-#   ones to zero and overflows past 65504 unless divided first (FSDP2 divides its fp16
+#   ones to zero and overflows from 65520 on unless divided first (FSDP2 divides its fp16
 #   reduce-scatters), and the error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
 #   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
@@ -547,7 +550,7 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #   `_compress_hook` and `allreduce_hook`'s docstring in
 #   `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`.
 # - `Tensor.grad_dtype` (a leaf tensor's gradient dtype, by default its own): `torch/_tensor_docs.py`.
-# - The process-group timeouts: `torch/distributed/constants.py`.
+# - The process-group timeouts: `init_process_group`'s docstring, `torch/distributed/distributed_c10d.py`.
 # - FSDP2's divide factors and the reduce-scatter's buffers: `_get_gradient_divide_factors`
 #   and `foreach_reduce`, `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`.
 # - `cast_forward_inputs`, `output_dtype`: `MixedPrecisionPolicy`,
