@@ -205,7 +205,7 @@ class HardwareReport:
 
 # What 16-bit autocast does to activation memory, as the recommendations say it (lesson 05).
 _ACTIVATIONS = ("saves up to half the activation memory (in matmul-heavy layers; what autocast keeps "
-                "in float32 is saved in float32; lesson 05)")
+                "in float32 is saved in float32)")
 
 
 # On a CPU, bf16 is recommended when a measured bf16 matmul runs at least this much faster
@@ -271,7 +271,7 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
     return ("fp32", False,
             f"{what}: its bf16 matmuls are not at least {CPU_BF16_MIN_SPEEDUP}x faster than "
             f"float32's.{measured} Choose bf16 when activation memory is the limit: autocast "
-            f"{_ACTIVATIONS}.")
+            f"{_ACTIVATIONS}, as lesson 05 measures.")
 
 
 # The size of :func:`matmul_speedups`' matmul: 256 on a CPU, where it runs at every entry
