@@ -111,7 +111,7 @@ for p, r in speedups.items():
     print(f"{p} matmul: {measured(r, '.2g')}x float32's rate on {device.type}")
 
 # %% [markdown]
-# A rate below 1 is a slowdown; the report's bfloat16 and float16 rows say which types
+# A rate below 1 is a slowdown; on x86 the report's bfloat16 and float16 rows say which types
 # have native instructions here.
 #
 # `recommend`, the pure function of a device's facts that every command and lesson calls,
