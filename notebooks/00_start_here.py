@@ -36,48 +36,6 @@
 # | 08 fp8 | e4m3 and e5m2, per-tensor and per-row scales, a small fp8 layer trained |
 # | 09 block scales | MXFP8, MXFP4, NVFP4 and 128-element blocks, delayed scaling, training below 8 bits |
 #
-# ## The card
-#
-# The course teaches one page of advice, the kind that gets pinned above a desk. Lessons
-# quote it as *the card*; each of its sentences is checked somewhere, shown happening or
-# traced to its source:
-#
-# > Mixed precision typically gives 2-3x faster training and halves activation memory on
-# > modern GPUs. *(the 2-3x is what PyTorch's AMP recipe says its example "should show" on
-# > Volta, Turing and Ampere GPUs; the same recipe warns that "small networks may be CPU
-# > bound, in which case mixed precision won't improve performance". 05 measures what this
-# > machine gains, and the activation memory)*
-# >
-# > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
-# > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
-# > memory. *(the tensor cores: NVIDIA's A100 datasheet, Sources; 05 measures the memory)*
-# >
-# > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
-# > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
-# > numerically sensitive ones (softmax, losses, reductions) are kept in float32
-# > automatically. Run `backward()` outside the context. *(traced in 02, which runs this
-# > pattern as code)*
-# >
-# > - bfloat16 has float32's exponent range, so it rarely underflows. It is the default
-# >   choice on Ampere-or-newer GPUs and TPUs, and needs no extra machinery. *(01, 03; "the
-# >   default" is the course's recommendation on Ampere-or-newer, not torch's: autocast on
-# >   CUDA defaults to float16, as a cell below prints. On TPUs, Google's Cloud TPU docs:
-# >   "By default, TPUs perform matrix multiplication operations with bfloat16 values")*
-# > - float16 has more mantissa but a narrow range; small gradients underflow to zero. Use
-# >   `torch.amp.GradScaler`, which multiplies the loss by a large factor before
-# >   `backward()`, unscales before the step, and skips steps that produced inf or NaN. *(01,
-# >   03; the scaler is needed where some gradients fall below float16's range, which 01
-# >   counts)*
-# >
-# > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
-# >
-# > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
-# > on Ampere-or-newer NVIDIA GPUs, a near-free speedup for code you do not convert.
-# > *(PyTorch's CUDA notes; below, what it does on a CPU)*
-# >
-# > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
-# > handles the casts. *(05)*
-#
 # Every lesson opens with the same setup cell. On Colab it installs the course package;
 # elsewhere `make lab` already did.
 
@@ -115,31 +73,10 @@ import amp_lessons
 amp_lessons.seed_everything(0)
 
 # %% [markdown]
-# Some of the card's sentences hold only on some devices. "Softmax, losses, reductions are
-# kept in float32", for one: the cell below traces a few ops on a bf16 tensor under
-# autocast, on the CPU and in lesson 02's simulation of CUDA's autocast (`op->dtype`, each
-# op in the order it ran).
-
-# %%
-from amp_lessons.trace import probe_table
-
-print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "mse_loss(x, x)"], torch.bfloat16,
-                  ["cpu", "cuda (simulated)"]))
-
-# %% [markdown]
-# Under CUDA's autocast softmax, layer_norm and sum come out float32 but `mean` does not;
-# under a CPU's all four keep the bf16 they were given, and the loss alone is float32. In
-# torch 2.13 the CPU's float32 list holds, besides the losses, linear algebra (`linalg.inv`,
-# `svd`, `qr`), FFTs, 3-D pooling and `prod` (`autocast_mode.cpp`, Sources). Lesson 02
-# traces both lists.
-
-# %% [markdown]
 # ## This machine
 #
-# The report below is what the package found here, its recommendation last. Its output
-# is not compared by the tests (it differs from machine to machine), nor is the AMX-FP16
-# line further down; the rest is, except the digits of figures marked `≈`, which were
-# measured here and differ from machine to machine (see "Reading the outputs").
+# The report below is what the package found here, its recommendation last. It differs
+# from machine to machine, so the tests do not compare it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -154,25 +91,18 @@ print(report.table(width=100))
 # Three facts decide which precision to train in:
 #
 # - **the device**: a GPU with tensor cores runs 16-bit matmuls many times faster than
-#   float32 (16x on an A100's datasheet); a CPU does so only with fast 16-bit kernels.
-#   torch's oneDNN matmul takes its bf16 path on x86 CPUs with AVX512BW, VL and DQ or
-#   AVX-NE-CONVERT, and on Arm CPUs with bf16 instructions; its fp16 path on x86 only, with
-#   AVX512-FP16 or AVX-NE-CONVERT. Those are the conditions for the path, not a promise of
-#   speed (Sources). The report reads only x86's AVX512-BF16 and AMX flags (none off x86),
-#   so the recommendation rests on a measured matmul, not on a list.
+#   float32 (16x on an A100's datasheet); a CPU does so only with fast 16-bit kernels, which
+#   its instruction sets allow but do not promise (Sources). So on a CPU the report measures:
+#   one matmul per precision, the best of 3 (256 x 256; 4096 x 4096 on a GPU), and a CPU's
+#   recommendation cites the bf16 rate. A GPU's follows its compute capability.
 # - **native or emulated bfloat16 on a GPU**: a T4 (compute capability 7.5) *reports* bf16
 #   support through `torch.cuda.is_bf16_supported()`, but only by emulation: its tensor
 #   cores run fp16, and bf16 ones start with Ampere. On NVIDIA GPUs
 #   `is_bf16_supported(including_emulation=False)` says False there.
-# - **whether float16 needs a GradScaler**: when some gradients fall below float16's range
-#   (lesson 01 counts how many of yours do; lesson 03 trains with and without a scaler).
-#   A network whose gradients all fit trains in float16 without one; the course pairs fp16
-#   with a scaler because it cannot know that in advance. bfloat16 has float32's range, so
-#   it rarely needs one.
-#
-# Rather than trust a rule for the first fact, the report measured it: one matmul per
-# precision, timed here, the best of 3 (256 x 256 on a CPU, 4096 x 4096 on a GPU). A CPU's
-# recommendation ("why", above) cites the bf16 rate; a GPU's follows its compute capability.
+# - **whether float16 needs a GradScaler**: where some gradients fall below float16's range
+#   (lesson 01 counts how many of yours do; lesson 03 trains with and without a scaler). The
+#   course pairs fp16 with a scaler because it cannot know that in advance. bfloat16 has
+#   float32's range, so it rarely needs one.
 
 # %%
 from amp_lessons.claims import measured
@@ -181,12 +111,13 @@ for p, r in speedups.items():
     print(f"{p} matmul: {measured(r, '.2g')}x float32's rate on {device.type}")
 
 # %% [markdown]
-# The same rule, applied to the devices learners use most. `recommend` is a pure function
-# of a device's facts, the one every command and lesson calls, so this table is the same on
-# every machine. A GPU's answer follows its compute capability. A CPU's follows the
-# measurement, whatever its instruction sets: the cell asks `recommend` for three CPU
-# classes at a bf16 matmul rate just at the threshold and just below it, checks that the
-# three answer alike, and prints them as one row:
+# A rate below 1 is a slowdown; on x86 the report's bfloat16 and float16 rows say which types
+# have native instructions here.
+#
+# `recommend`, the pure function of a device's facts that every command and lesson calls,
+# gives this table on every machine. Asked for three CPU classes at a bf16 rate at the
+# threshold and just below it, the three answer alike, whatever their instruction sets
+# (checked, then printed as one row):
 
 # %%
 from amp_lessons.claims import check
@@ -216,16 +147,78 @@ for label, facts in devices.items():
 # Why not bf16 on a T4? Here is the reason the package gives for Colab's free GPU:
 
 # %%
-print(recommend("cuda", (7, 5), bf16_native=False)[2])
+import textwrap
+
+print(textwrap.fill(recommend("cuda", (7, 5), bf16_native=False)[2], 88))
 
 # %% [markdown]
-# Not every precision exists everywhere. TF32 is not a dtype but a way of multiplying
-# float32 matrices with 10 mantissa bits: NVIDIA's tensor cores do it from Ampere on. On a
-# CPU, `"high"` reaches oneDNN, whose tf32 path torch takes only on x86 CPUs with AMX-FP16.
-# (The function's docstring says it affects only CUDA; the first line below shows oneDNN
-# reading it.) **Predict**: does `"high"` change a float32 matmul's result on this CPU? (See
-# the report's AMX-FP16 row. The verdict checks that nothing changes without AMX-FP16; with
-# it, oneDNN may take the tf32 path, and the line after it says whether it did.)
+# ## The card
+#
+# The course teaches one page of advice, the kind pinned above a desk, quoted in the lessons
+# as *the card*; each sentence is checked somewhere, shown happening or traced to its source
+# (in italics):
+#
+# > Mixed precision typically gives 2-3x faster training and halves activation memory on
+# > modern GPUs. *(the 2-3x is what PyTorch's AMP recipe says its example "should show" on
+# > Volta, Turing and Ampere GPUs; the same recipe warns that "small networks may be CPU
+# > bound, in which case mixed precision won't improve performance". "Halves" holds for
+# > matmul-heavy layers: what autocast keeps in float32 is saved in float32. 05 measures
+# > what this machine gains, and the activation memory)*
+# >
+# > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
+# > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
+# > memory. *(the tensor cores: NVIDIA's A100 datasheet, Sources; the memory: up to half, 05)*
+# >
+# > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
+# > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
+# > numerically sensitive ones (softmax, losses, reductions) are kept in float32
+# > automatically. Run `backward()` outside the context. *(traced in 02, which runs this
+# > pattern as code; which ops, by device, below)*
+# >
+# > - bfloat16 has float32's exponent range, so it rarely underflows. It is the default
+# >   choice on Ampere-or-newer GPUs and TPUs, and needs no extra machinery. *(01, 03; "the
+# >   default" is the course's recommendation on Ampere-or-newer, not torch's: autocast on
+# >   CUDA defaults to float16, as a cell below prints. On TPUs, Google's Cloud TPU docs:
+# >   "By default, TPUs perform matrix multiplication operations with bfloat16 values")*
+# > - float16 has more mantissa but a narrow range; small gradients underflow to zero. Use
+# >   `torch.amp.GradScaler`, which multiplies the loss by a large factor before
+# >   `backward()`, unscales before the step, and skips steps that produced inf or NaN. *(01,
+# >   03; the scaler is needed where some gradients fall below float16's range, which 01
+# >   counts)*
+# >
+# > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
+# >
+# > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
+# > on Ampere-or-newer NVIDIA GPUs, a near-free speedup for code you do not convert.
+# > *(PyTorch's CUDA notes; below, what it does on a CPU)*
+# >
+# > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
+# > handles the casts. *(05)*
+#
+# Some of its sentences hold only on some devices. "Softmax, losses, reductions are kept in
+# float32", for one: the cell below traces a few ops on a bf16 tensor under autocast, on the
+# CPU and in lesson 02's simulation of CUDA's autocast (`op->dtype`, each op in the order it
+# ran).
+
+# %%
+from amp_lessons.trace import probe_table
+
+print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "mse_loss(x, x)", "cross_entropy(x, y)"],
+                  torch.bfloat16,
+                  ["cpu", "cuda (simulated)"]))
+
+# %% [markdown]
+# Under CUDA's autocast softmax, layer_norm and sum come out float32 but `mean` does not,
+# and `cross_entropy` runs its `_log_softmax` in bf16, casting up only for `nll_loss`; under
+# a CPU's the four keep the bf16 they were given, and both losses run in float32. Lesson 02
+# traces both float32 lists, and explains `cross_entropy`.
+#
+# ## What runs where
+#
+# TF32 is not a dtype but a way of multiplying float32 matrices with 10 stored mantissa
+# bits, which NVIDIA's tensor cores do from Ampere on; `set_float32_matmul_precision("high")`
+# asks for it, and its docstring says it affects only CUDA. **Predict**: does `"high"`
+# change a float32 matmul's result on this CPU?
 
 # %%
 from amp_lessons.claims import check
@@ -245,7 +238,10 @@ print(check("'high' changes this CPU's float32 matmul results only where the CPU
 print(f"this CPU: AMX-FP16 {amx_fp16}; 'high' changed the matmul's result: {changed}")
 
 # %% [markdown]
-# The course trains in tf32 only on Ampere-or-newer NVIDIA GPUs, and refuses it on a CPU.
+# The first line is the oneDNN flag that `"high"` sets. torch's oneDNN matmul takes its
+# tf32 path only on x86 CPUs with AMX-FP16 (`Matmul.cpp`, Sources), so the verdict checks
+# that nothing changes without it; the line after it says what happened here. The course
+# trains in tf32 only on Ampere-or-newer NVIDIA GPUs, and refuses it on a CPU.
 # **Predict**: does float16 really run on a CPU, or is it refused?
 
 # %%
@@ -262,18 +258,16 @@ print("autocast's dtype when none is given:",
       {name: torch.get_autocast_dtype(name) for name in ("cuda", "cpu")})
 
 # %% [markdown]
-# Both run. Whether they run *fast* is what the measurement above said: a CPU may have
-# quick bf16 kernels and slow fp16 ones, or neither.
+# Both run, fast or slow: on a CPU the course keeps every precision autocast runs and
+# leaves speed to the measured rates above. On a GPU it leaves out what runs only by
+# emulation (bf16 on a T4).
 #
 # Precision names are parsed in one place. **Predict**: what does `"half"` mean, and what
-# happens with a typo?
+# happens with a typo? (A cell that fails on purpose runs inside `expect_error`, which prints
+# the error as the last line of a traceback would and lets "Run all" go on.)
 
 # %%
 [amp_lessons.parse_precision(n) for n in ("float16", "half", torch.bfloat16, "FP32", "tf32")]
-
-# %% [markdown]
-# A cell that fails on purpose runs its code inside `expect_error`, which prints the error
-# as the last line of a traceback would and lets "Run all" go on, in Colab too:
 
 # %%
 from amp_lessons.show import expect_error
@@ -284,16 +278,13 @@ with expect_error(ValueError):
 # %% [markdown]
 # ## Reading the outputs: `≈` figures and `✓` verdicts
 #
-# Some numbers come out of float kernels: a loss after 100 steps, a timing, a norm. Another
-# CPU, thread count, torch release or a GPU prints other digits for them. The lessons print
-# such a figure with a leading `≈` (`measured` above). The course's tests compare the stored
-# outputs except those digits and the two machine-specific cells marked to be skipped (this
-# machine's report with its recommendation, and its AMX-FP16 line).
-#
-# A sentence the text draws from such figures is checked, in the cell, by a **verdict**
-# with its margin in the words: `✓ holds` on this machine, or `✗ did not hold here`, with
-# the figures it used. If one prints `✗` on yours, the claim does not hold there. Two
-# verdicts, one exact and one with a margin (bf16's 8-bit mantissa, against float32's):
+# Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
+# count, torch release and GPU. The lessons print them with a leading `≈` (`measured`
+# above), and the tests compare every stored output but those digits, the cells marked to
+# be skipped (here the report and the AMX-FP16 line) and the widgets' displays. A sentence
+# drawn from such figures is checked in its cell by a **verdict**, its margin in the words:
+# `✓ holds` here, or `✗ did not hold here`, with the figures it used. Two verdicts, one
+# exact and one with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
 
 # %%
 from amp_lessons.claims import at_most
@@ -308,12 +299,10 @@ print(at_most("a bf16 autocast matmul's result is within 1% of float32's", error
 # %% [markdown]
 # ## How the widgets work
 #
-# Lessons 01, 02 and 03 have widgets: controls wired to the same functions the cells call, so
-# moving one re-runs a small computation and redraws. Click a precision below: the
-# text shows the dtype autocast computes in, whether a GradScaler is needed, and whether
-# the course uses it on this device (it leaves out what runs here only by emulation, such
-# as bf16 on a T4). (In a static view, such as GitHub's, widgets do not render:
-# open the notebook in JupyterLab or Colab.)
+# Lessons 01, 02 and 03 have widgets: controls wired to the functions the cells call, which
+# redraw when moved (a static view, such as GitHub's, does not render them: open the notebook
+# in JupyterLab or Colab). Click a precision: the text shows the dtype autocast computes in,
+# whether a GradScaler is needed, and whether the course uses it on this device.
 
 # %%
 from amp_lessons.widgets import precision_picker
@@ -321,8 +310,7 @@ from amp_lessons.widgets import precision_picker
 precision_picker()
 
 # %% [markdown]
-# The text under the buttons is computed by `describe_precision`; here it is for fp16
-# on the CPU, which every machine has:
+# The text is `describe_precision`'s; here for fp16 on the CPU, which every machine has:
 
 # %%
 from amp_lessons.widgets import describe_precision
@@ -333,21 +321,15 @@ print(describe_precision("fp16", "cpu"))
 # ## Running the lessons
 #
 # - **Locally**: `make lab` creates `.venv`, installs the course, copies the lessons to `lab/`
-#   and opens that copy in JupyterLab;
-#   `make test` re-runs every lesson and compares its outputs with the stored ones.
-# - **Colab**: open a lesson from the README's "Open in Colab" links. The setup cell installs
-#   the package. *Runtime → Change runtime type → T4 GPU* gives you a GPU: the lessons then
-#   run on it, each in the precision its point needs (lesson 01 records float32 gradients,
-#   lesson 04 trains in fp16 with a GradScaler).
-# - **Headless**: `python -m amp_lessons doctor` prints the report above;
-#   `make gpu-check` runs every lesson as a script and prints every verdict, with the
-#   statements the lessons make about CUDA checked for real when a GPU is there.
-#
-# The stored outputs come from a CPU run. On another machine the `≈` digits differ and the
-# verdicts are computed again from yours. The lessons were written on CPUs: where they say
-# what CUDA does (lesson 02's autocast lists, say), it comes from PyTorch's source (named in
-# the lesson's Sources) and a simulation of CUDA's autocast on the CPU, and `make gpu-check`
-# checks it on a real GPU.
+#   and opens that copy in JupyterLab; `make test` re-runs every lesson and compares its
+#   outputs with the stored ones.
+# - **Colab**: open a lesson from the README's "Open in Colab" links. *Runtime → Change
+#   runtime type → T4 GPU* gives you a GPU, and the lessons then run on it, each in the
+#   precision its point needs.
+# - **Headless**: `python -m amp_lessons doctor` prints the report above. The stored outputs
+#   come from a CPU run, and what the lessons say of CUDA (lesson 02's autocast lists, say)
+#   comes from PyTorch's source and a simulation; `make gpu-check` runs every lesson as a
+#   script on a real GPU and prints every verdict, those statements checked.
 #
 # ## Sources
 #
@@ -357,7 +339,7 @@ print(describe_precision("fp16", "cpu"))
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
 #   PyTorch's CUDA notes (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and
 #   later) devices") and the function's docstring (`torch/__init__.py`), which says "This flag
-#   currently only affects one native device type: CUDA"; on a CPU oneDNN reads it through
+#   currently only affects one native device type: CUDA"; on a CPU it sets
 #   `torch.backends.mkldnn.matmul.fp32_precision`, printed above.
 # - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
 #   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
@@ -367,7 +349,7 @@ print(describe_precision("fp16", "cpu"))
 #   error texts in torch 2.13 name "avx_ne_convert or avx512bw, avx512vl and avx512dq" and
 #   "avx_ne_convert or avx512_fp16"; off x86, bf16 where cpuinfo reports Arm's bf16
 #   instructions, fp16 never. `mkldnn_matmul`'s Arm branch in `Matmul.cpp` takes float32
-#   and bf16 only.
+#   and bf16 only. The report reads x86's AVX512-BF16, AVX512-FP16 and AMX flags only.
 # - CPU and CUDA autocast's float32 lists: `aten/src/ATen/autocast_mode.cpp` (the
 #   `AutocastCPU` and `AutocastCUDA` registrations), traced in lesson 02.
 # - bf16 tensor cores from Ampere (compute capability 8.0) on: CUDA C++ Programming Guide,
@@ -375,7 +357,6 @@ print(describe_precision("fp16", "cpu"))
 #   operations on devices with compute capability 8.0 and higher").
 # - bfloat16 on TPUs: Google Cloud's TPU documentation, "Improve your model's performance
 #   with bfloat16" (cloud.google.com/tpu/docs/bfloat16).
-# - The autocast default dtypes: `torch.get_autocast_dtype`, printed above.
 # - Tensor cores' 16-bit rate against float32's: NVIDIA's A100 datasheet gives 19.5 TFLOPS
 #   for float32 and 312 TFLOPS for bf16/fp16 on tensor cores (dense), 16x.
 # - A T4 reporting bf16 support by emulation: `torch.cuda.is_bf16_supported` and its

@@ -11,7 +11,7 @@ from amp_lessons.hardware import DeviceUnavailableError, hardware_report, pick_d
 from amp_lessons.precision import dtype_of, float32_matmul_precision, needs_scaler, uses_autocast
 
 CPU_BASE = {"cpu_name": "Simulated CPU", "architecture": "x86_64", "avx512_bf16": False, "amx_bf16": False,
-            "amx_fp16": False, "amx_tile": False}
+            "amx_fp16": False, "amx_tile": False, "avx512_fp16": False}
 
 
 # What a quick bf16 / fp16 matmul measures on each simulated CPU class (lesson 00's figures
@@ -22,10 +22,10 @@ SIMULATED_SPEEDUPS = {"amx": {"bf16": 5.4, "fp16": 0.4}, "avx512_bf16": {"bf16":
 
 
 def simulate_cpu(monkeypatch, *, avx512_bf16=False, amx=False, isa="AVX2", speedups=None, arch="x86_64",
-                 amx_fp16=False):
+                 amx_fp16=False, avx512_fp16=False):
     """A CPU of that class, its quick matmul measuring ``speedups`` (default: the class's)."""
     caps = dict(CPU_BASE, architecture=arch, avx512_bf16=avx512_bf16, amx_bf16=amx, amx_fp16=amx_fp16,
-                amx_tile=amx or amx_fp16)
+                amx_tile=amx or amx_fp16, avx512_fp16=avx512_fp16)
     kind = "amx" if amx else "avx512_bf16" if avx512_bf16 else "avx2"
     measured = dict(speedups or SIMULATED_SPEEDUPS[kind])
     monkeypatch.setattr(hardware, "matmul_speedups", lambda device=None, **_: dict(measured))
@@ -110,7 +110,8 @@ def test_arm_cpu_is_not_called_emulated_by_x86_flags(monkeypatch):
     assert report.bf16_native is False and report.bf16_emulated is False
     assert rows["bfloat16"] == "instructions not probed on aarch64 (the measured rate decides)"
     assert rows["CPU instruction set"] == "DEFAULT (aarch64)"
-    assert not {"AVX512-BF16", "AMX-BF16", "AMX-FP16"} & set(rows)
+    assert not {"AVX512-BF16", "AVX512-FP16", "AMX-BF16", "AMX-FP16"} & set(rows)
+    assert rows["float16"] == "instructions not probed on aarch64 (see the measured rate)"
     assert report.reason.startswith("aarch64 CPU, whose bf16 instructions the course does not probe")
     assert "without native bf16" not in report.reason and "3x float32's rate" in report.reason
 
@@ -124,6 +125,8 @@ def test_x86_cpu_rows(monkeypatch, avx512_bf16, amx, row):
     rows = dict(hardware_report().rows())
     assert rows["bfloat16"] == row and "emulated only" not in rows["bfloat16"]
     assert rows["AMX-BF16"] == rows["AMX-FP16"] == ("yes" if amx else "no")
+    assert rows["float16"] == ("native instructions (AVX512-FP16 or AMX-FP16)" if amx
+                               else "no fp16 instructions (converted to float32 and back)")
     assert "CPU" not in rows  # on a CPU the name row already names it
 
 
@@ -362,3 +365,70 @@ def test_every_function_that_takes_a_precision_parses_it(name):
             assert str(got) == str(reference), (name, alias)
         with pytest.raises(ValueError, match="precision must be one of fp32, tf32, bf16, fp16; got 'fp61'"):
             call("fp61")
+
+
+# Each device class a learner may be on: its bfloat16 / float16 report rows, and the widget's
+# "used on" line for bf16 and fp16 (lesson 00). A CPU runs both 16-bit types, fast or not.
+CPU_RUNS = "yes: CPU autocast runs it, fast or slow (the report's measured matmul rate says which)"
+CPU_NO_BF16, CPU_NATIVE_BF16 = "no bf16 instructions (converted to float32 and back)", \
+    "native instructions (AVX512-BF16 or AMX-BF16)"
+CPU_NO_FP16, CPU_NATIVE_FP16 = "no fp16 instructions (converted to float32 and back)", \
+    "native instructions (AVX512-FP16 or AMX-FP16)"
+EMULATED = ("no: bf16 autocast runs on this GPU only by emulation (pre-Ampere: no bf16 tensor cores), "
+            "so the course uses fp16 + GradScaler here")
+DEVICE_CLASSES = {  # id: (simulate, bfloat16 row, float16 row, bf16 used, fp16 used, recommended)
+    "cpu-no-avx512bf16": (lambda mp: simulate_cpu(mp), CPU_NO_BF16, CPU_NO_FP16, CPU_RUNS, CPU_RUNS, "fp32"),
+    "cpu-avx512bf16": (lambda mp: simulate_cpu(mp, avx512_bf16=True, isa="AVX512"),
+                       CPU_NATIVE_BF16, CPU_NO_FP16, CPU_RUNS, CPU_RUNS, "bf16"),
+    "cpu-amx": (lambda mp: simulate_cpu(mp, avx512_bf16=True, amx=True, amx_fp16=True, isa="AVX512"),
+                CPU_NATIVE_BF16, CPU_NATIVE_FP16, CPU_RUNS, CPU_RUNS, "bf16"),
+    "cpu-avx512fp16": (lambda mp: simulate_cpu(mp, avx512_bf16=True, avx512_fp16=True, isa="AVX512"),
+                       CPU_NATIVE_BF16, CPU_NATIVE_FP16, CPU_RUNS, CPU_RUNS, "bf16"),
+    "cpu-aarch64": (lambda mp: simulate_cpu(mp, arch="aarch64", isa="DEFAULT", speedups={"bf16": 3.0, "fp16": 0.5}),
+                    "instructions not probed on aarch64 (the measured rate decides)",
+                    "instructions not probed on aarch64 (see the measured rate)", CPU_RUNS, CPU_RUNS, "bf16"),
+    "T4": (lambda mp: simulate_gpu(mp, "Tesla T4", (7, 5)), "emulated only (slow)", "yes", EMULATED, "yes",
+           "fp16"),
+    "P100": (lambda mp: simulate_gpu(mp, "Tesla P100-PCIE-16GB", (6, 0)), "emulated only (slow)", "yes",
+             EMULATED, "yes", "fp32"),
+    "A100": (lambda mp: simulate_gpu(mp, "NVIDIA A100-SXM4-40GB", (8, 0)), "native", "yes", "yes", "yes", "bf16"),
+    "H100": (lambda mp: simulate_gpu(mp, "NVIDIA H100 80GB HBM3", (9, 0)), "native", "yes", "yes", "yes", "bf16"),
+}
+
+
+@pytest.mark.parametrize("kind", DEVICE_CLASSES)
+def test_each_device_class_reports_and_uses_16_bit_types_alike(monkeypatch, kind):
+    from amp_lessons.widgets import describe_precision
+
+    simulate, bf16_row, fp16_row, bf16_used, fp16_used, precision = DEVICE_CLASSES[kind]
+    simulate(monkeypatch)
+    report = hardware_report()
+    rows = dict(report.rows())
+    assert (rows["bfloat16"], rows["float16"]) == (bf16_row, fp16_row)
+    assert (hardware.usage("bf16"), hardware.usage("fp16")) == (bf16_used, fp16_used)
+    assert describe_precision("fp16").splitlines()[-1].split(None, 3)[3] == fp16_used
+    assert report.recommended == precision
+    # the activation memory is scoped wherever it is named: never a flat "halves"
+    assert "halves" not in report.reason
+    if "activation memory" in report.reason:
+        assert "up to half" in report.reason
+    x86 = report.cpu_arch == "x86_64"  # a GPU's report lists its host CPU's flags too
+    assert ("AVX512-FP16" in rows) is x86
+    if x86:
+        assert rows["AVX512-FP16"] == ("yes" if kind == "cpu-avx512fp16" else "no")
+    assert report.cpu_fp16_native is (fp16_row == CPU_NATIVE_FP16)
+
+
+def test_avx512_fp16_is_read_from_torchs_probe(monkeypatch):
+    simulate_cpu(monkeypatch, avx512_fp16=True)
+    assert hardware.cpu_features()["avx512_fp16"] is True
+    assert hardware_report().avx512_fp16 is True and hardware_report().cpu_fp16_native is True
+
+
+@pytest.mark.parametrize("speedup", [hardware.CPU_BF16_MIN_SPEEDUP, hardware.CPU_BF16_MIN_SPEEDUP - 0.01, None])
+def test_cpu_recommendations_scope_the_activation_memory(speedup):
+    reason = hardware.recommend("cpu", bf16_speedup=speedup)[2]
+    if speedup is None:
+        assert "not measured" in reason and "memory" not in reason
+    else:
+        assert "up to half the activation memory (in matmul-heavy layers;" in reason and "lesson 05" in reason

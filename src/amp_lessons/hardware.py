@@ -65,7 +65,8 @@ def pick_device(requested=None) -> torch.device:
 
 
 def cpu_features() -> dict:
-    """The CPU's name, architecture and the x86 instruction sets that matter for 16-bit math.
+    """The CPU's name, architecture and the x86 instruction sets that matter for 16-bit math
+    (AVX512-BF16, AVX512-FP16, AMX-BF16, AMX-FP16).
 
     Reads torch's own CPU probe (``torch._C._cpu._get_cpu_capability``, present in recent
     releases) and falls back to /proc/cpuinfo flags on Linux. The flags are x86's: on
@@ -81,6 +82,7 @@ def cpu_features() -> dict:
             "arch": caps.get("architecture") or platform.machine() or "unknown",
             "isa": isa,
             "avx512_bf16": bool(caps.get("avx512_bf16")),
+            "avx512_fp16": bool(caps.get("avx512_fp16")),
             "amx_bf16": bool(caps.get("amx_bf16")) and tile,
             "amx_fp16": bool(caps.get("amx_fp16")) and tile,
         }
@@ -90,6 +92,7 @@ def cpu_features() -> dict:
         "arch": platform.machine() or "unknown",
         "isa": isa,
         "avx512_bf16": "avx512_bf16" in flags,
+        "avx512_fp16": "avx512_fp16" in flags,
         "amx_bf16": "amx_bf16" in flags,
         "amx_fp16": "amx_fp16" in flags,
     }
@@ -136,6 +139,8 @@ class HardwareReport:
     recommended: str
     use_scaler: bool
     reason: str
+    cpu_fp16_native: bool = False  # a CPU with AVX512-FP16 or AMX-FP16; False off a CPU
+    avx512_fp16: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -151,7 +156,7 @@ class HardwareReport:
             ("torch", self.torch_version),
             ("CUDA compute capability", cc),
             ("bfloat16", self._bf16_row(x86)),
-            ("float16", "yes" if self.fp16 else "no"),
+            ("float16", self._fp16_row(x86)),
             ("TF32 tensor cores", "yes" if self.tf32_hardware else "no"),
             ("float32 matmul precision", self.float32_matmul_precision),
         ]
@@ -160,6 +165,7 @@ class HardwareReport:
         rows.append(("CPU instruction set", self.cpu_isa if x86 else f"{self.cpu_isa} ({self.cpu_arch})"))
         if x86:
             rows += [("AVX512-BF16", "yes" if self.avx512_bf16 else "no"),
+                     ("AVX512-FP16", "yes" if self.avx512_fp16 else "no"),
                      ("AMX-BF16", "yes" if self.amx_bf16 else "no"),
                      ("AMX-FP16", "yes" if self.amx_fp16 else "no")]
         return rows + [
@@ -176,6 +182,15 @@ class HardwareReport:
             return "native instructions (AVX512-BF16 or AMX-BF16)"
         return "no bf16 instructions (converted to float32 and back)"
 
+    def _fp16_row(self, x86: bool) -> str:
+        if not self.device.startswith("cpu"):
+            return "yes" if self.fp16 else "no"
+        if not x86:
+            return f"instructions not probed on {self.cpu_arch} (see the measured rate)"
+        if self.cpu_fp16_native:
+            return "native instructions (AVX512-FP16 or AMX-FP16)"
+        return "no fp16 instructions (converted to float32 and back)"
+
     def table(self, width: int | None = None) -> str:
         """The report as an aligned two-column text table, one line a row (``doctor``), or with
         long values wrapped at ``width`` characters under their column (lesson 00)."""
@@ -186,6 +201,11 @@ class HardwareReport:
         return "\n".join(
             textwrap.fill(str(value), width, initial_indent=f"{label:<{pad}}", subsequent_indent=" " * pad)
             for label, value in rows)
+
+
+# What 16-bit autocast does to activation memory, as the recommendations say it (lesson 05).
+_ACTIVATIONS = ("saves up to half the activation memory (in matmul-heavy layers; what autocast keeps "
+                "in float32 is saved in float32)")
 
 
 # On a CPU, bf16 is recommended when a measured bf16 matmul runs at least this much faster
@@ -231,7 +251,7 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
         return ("fp32", False,
                 f"GPU without tensor cores (compute capability {cc}): whether 16-bit math is faster "
                 "depends on the model, and the course does not measure GPUs this old; autocast "
-                "would save activation memory.")
+                "would save activation memory (up to half, in matmul-heavy layers).")
     if device_type == "mps":
         return ("fp32", False,
                 "Apple GPU: autocast works on MPS in recent torch, but the lessons' speed claims "
@@ -245,13 +265,13 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
     measured = f" Measured here: a bf16 matmul ran at {bf16_speedup:.2g}x float32's rate."
     if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
         return ("bf16", False,
-                f"{what}, whose bf16 matmuls measured faster than float32's.{measured} bf16 also halves "
-                "the activation memory and needs no GradScaler; lesson 05 measures whole training "
-                "steps, which gain less than their matmuls.")
+                f"{what}, whose bf16 matmuls measured faster than float32's.{measured} bf16 needs no "
+                f"GradScaler and {_ACTIVATIONS}. Whole training steps gain less than their matmuls "
+                "(lesson 05 measures both).")
     return ("fp32", False,
             f"{what}: its bf16 matmuls are not at least {CPU_BF16_MIN_SPEEDUP}x faster than "
-            f"float32's.{measured} Choose bf16 when activation memory is the limit (autocast "
-            "halves what is saved for backward).")
+            f"float32's.{measured} Choose bf16 when activation memory is the limit: autocast "
+            f"{_ACTIVATIONS}, as lesson 05 measures.")
 
 
 # The size of :func:`matmul_speedups`' matmul: 256 on a CPU, where it runs at every entry
@@ -315,6 +335,8 @@ class Machine:
     amx_bf16: bool
     amx_fp16: bool = False
     cpu_arch: str = "x86_64"
+    avx512_fp16: bool = False
+    cpu_fp16_native: bool = False  # a CPU with AVX512-FP16 or AMX-FP16; False off a CPU
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -341,8 +363,10 @@ class Machine:
         return self._cache["recommendation"]
 
     def supported(self) -> dict[str, str | None]:
-        """For each precision, ``None`` if the course runs it on this device, else why not: what
-        torch would only emulate here (bf16 on a pre-Ampere GPU) is left out, not impossible."""
+        """For each precision, ``None`` if the course runs it on this device, else why not. On a
+        GPU what torch would only emulate (bf16 before Ampere) is left out; on a CPU every
+        precision autocast runs is kept, fast or not (the measured rates say which), and only
+        tf32 is refused."""
         out: dict[str, str | None] = dict.fromkeys(PRECISIONS)
         if self.type == "cuda":
             cc = self.cuda_capability
@@ -358,6 +382,17 @@ class Machine:
             out["tf32"] = "TF32 training runs only on Ampere-or-newer NVIDIA GPUs in this course, not on Apple GPUs"
         return out
 
+    def usage(self, name) -> str:
+        """Lesson 00's widget line: ``"yes"``, ``"no: <why>"`` (:meth:`supported`), or on a CPU,
+        for a 16-bit precision, a yes that says its speed is the measured rate's business."""
+        name = parse_precision(name)
+        why = self.supported()[name]
+        if why is not None:
+            return "no: " + why
+        if self.type == "cpu" and name in ("bf16", "fp16"):
+            return "yes: CPU autocast runs it, fast or slow (the report's measured matmul rate says which)"
+        return "yes"
+
     def report(self) -> HardwareReport:
         """What lesson 00 and ``doctor`` print, the recommendation included."""
         precision, scaler, reason = self.recommendation
@@ -367,7 +402,8 @@ class Machine:
             bf16_emulated=self.bf16_emulated, fp16=self.fp16, tf32_hardware=self.tf32_hardware,
             float32_matmul_precision=torch.get_float32_matmul_precision(), cpu_name=self.cpu_name,
             cpu_isa=self.cpu_isa, cpu_arch=self.cpu_arch, avx512_bf16=self.avx512_bf16,
-            amx_bf16=self.amx_bf16, amx_fp16=self.amx_fp16, recommended=precision, use_scaler=scaler, reason=reason)
+            amx_bf16=self.amx_bf16, amx_fp16=self.amx_fp16, recommended=precision, use_scaler=scaler, reason=reason,
+            cpu_fp16_native=self.cpu_fp16_native, avx512_fp16=self.avx512_fp16)
 
 
 def resolve_machine(device=None, speedups=None, measure: bool = True) -> Machine:
@@ -392,11 +428,13 @@ def resolve_machine(device=None, speedups=None, measure: bool = True) -> Machine
     elif dev.type == "cpu":
         native = cpu["avx512_bf16"] or cpu["amx_bf16"]
         x86 = is_x86(cpu["arch"])  # elsewhere the x86 flags say nothing either way
-        facts.update(bf16_native=native, bf16_emulated=x86 and not native)
+        facts.update(bf16_native=native, bf16_emulated=x86 and not native,
+                     cpu_fp16_native=cpu["avx512_fp16"] or cpu["amx_fp16"])
     elif dev.type == "mps":
         facts.update(name="Apple GPU (MPS)", bf16_native=_mps_bf16_native())
     machine = Machine(device=dev, cpu_name=cpu["name"], cpu_isa=cpu["isa"], avx512_bf16=cpu["avx512_bf16"],
-                      amx_bf16=cpu["amx_bf16"], amx_fp16=cpu["amx_fp16"], cpu_arch=cpu["arch"], **facts)
+                      amx_bf16=cpu["amx_bf16"], amx_fp16=cpu["amx_fp16"], avx512_fp16=cpu["avx512_fp16"],
+                      cpu_arch=cpu["arch"], **facts)
     if speedups is not None or not measure:
         machine._cache["speedups"] = None if speedups is None else dict(speedups)
     return machine
@@ -419,6 +457,11 @@ def supported_precisions(device=None) -> dict[str, str | None]:
     (:meth:`Machine.supported`). Used by ``bench`` (05) and the widgets, which offer only
     what runs here."""
     return resolve_machine(device, measure=False).supported()
+
+
+def usage(name, device=None) -> str:
+    """:meth:`Machine.usage` for ``device``: the line lesson 00's precision widget prints."""
+    return resolve_machine(device, measure=False).usage(name)
 
 
 def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from .formats import FORMATS, bits_of, parse_format, scale_table
-from .hardware import available_devices, pick_device, supported_precisions
+from .hardware import available_devices, pick_device, usage
 from .plots import gradient_histogram, scale_plot
 from .precision import PRECISIONS, dtype_of, needs_scaler, parse_precision, uses_autocast
 from .scaling import scale_run
@@ -135,21 +135,21 @@ _SCALER_WHY = "yes, in case some gradients fall below fp16's range (lesson 01 co
 
 def describe_precision(name, device=None) -> str:
     """00: what choosing ``name`` means on ``device``: dtype, autocast, scaler, and whether the
-    course uses it there (:func:`~amp_lessons.hardware.supported_precisions`: it leaves out what
-    torch only emulates, such as bf16 on a pre-Ampere GPU, and tf32 off NVIDIA GPUs).
+    course uses it there (:func:`~amp_lessons.hardware.usage`: on a GPU it leaves out what torch
+    only emulates, such as bf16 before Ampere; on a CPU it runs every precision autocast runs,
+    fast or slow, and refuses tf32).
 
     ``name`` is read by :func:`amp_lessons.precision.parse_precision`: ``"half"``,
     ``"float16"`` and ``torch.float16`` all mean fp16.
     """
     name = parse_precision(name)
     dev = pick_device(device)
-    why_not = supported_precisions(dev)[name]
     lines = [
         f"precision      {name}",
         f"compute dtype  {dtype_of(name)}",
         f"autocast       {'yes' if uses_autocast(name) else 'no'}",
         f"GradScaler     {_SCALER_WHY if needs_scaler(name) else 'no'}",
-        f"used on {dev.type:<6} {'yes' if why_not is None else 'no: ' + why_not}",
+        f"used on {dev.type:<6} {usage(name, dev)}",
     ]
     return "\n".join(lines)
 
