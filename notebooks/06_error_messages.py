@@ -19,11 +19,10 @@
 # What you search for, when mixed precision goes wrong, is an error message. This lesson
 # makes the AMP mistakes that come up again and again in PyTorch's and Hugging Face's issue
 # trackers, on purpose, each from a loop a few lines long: the message as torch prints it,
-# the loop that makes it, why, and the fix running. Five of the mistakes print no message
-# at all (a skipped step after the first, an optimizer's gradients off by a power of two, an
-# overflow to inf, an unscaled gradient penalty, bfloat16 on a T4 that reports it
-# supported): the ones to fear. Then a checker, `python -m amp_lessons lint`, that names
-# the mistakes it can see in a training loop's source without running it.
+# the loop that makes it, why, and the fix running. Six of them print no message at all
+# (the "(none)" rows of the index at the end): the ones to fear. Then a checker,
+# `python -m amp_lessons lint`, that names the mistakes it can see in a training loop's
+# source without running it.
 #
 # Every loop runs on the CPU (a tiny 8 -> 16 -> 4 network), so the messages, as this torch
 # release words them, are the same on every machine. The CUDA ones are *replayed* (CUDA
@@ -80,50 +79,40 @@ from amp_lessons.show import expect_error
 # %% [markdown]
 # ## 1. "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
 #
-# The common loop steps the lr scheduler on every iteration (pytorch/pytorch#55585):
+# The common loop steps the lr scheduler on every iteration, skipped step or not
+# (pytorch/pytorch#55585); lesson 03 showed that PyTorch checks the order only at the
+# scheduler's first `step()`. `scheduler_run` runs 4 batches with AdamW and a `StepLR`
+# halving the lr at every step, an inf in batch 0, then 2, then 0 with `fused=True`
+# (GradScaler calls a fused optimizer's `step` even on a skipped step; Sources).
+# **Predict** which runs warn:
 
 # %%
 print(inspect.getsource(errors.train_stepping_scheduler_always))
+runs = {(skip_at, fused): errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at, fused=fused)
+        for skip_at, fused in ((0, False), (2, False), (0, True))}
+for (skip_at, fused), run in runs.items():
+    print(f"skip at {skip_at}{', fused' * fused}:", run)
+print(textwrap.fill(runs[0, False].warnings[0], 90))
 
 # %% [markdown]
-# `scheduler_run` runs it for 4 batches with AdamW and a `StepLR` that halves the lr at
-# every step; one batch holds an inf, so GradScaler skips that step. **Predict**: the
-# skipped step is the first one. What does PyTorch say?
-
-# %%
-run = errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at=0)
-print(run)
-print(textwrap.fill(run.warnings[0], 90))
-
-# %% [markdown]
-# And when the skipped step is the third one?
-
-# %%
-print(errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at=2))
-
-# %% [markdown]
-# No warning, and the same harm: the schedule is a step ahead of the training. Why: when a
-# scheduler is created it wraps `optimizer.step` to note that it ran, and its first
-# `step()` warns if it never did. GradScaler skips a step by not calling `optimizer.step`,
-# and only the scheduler's first call is checked, so a later skip moves the schedule on in
-# silence. With one optimizer, the fix steps the scheduler only when the scale did not drop
-# (several: section 3). `get_scale()` copies the scale to the CPU, and on CUDA that waits
-# for the GPU (a sync; `torch/amp/grad_scaler.py`), so the fix reads it once per step:
+# One warning, and the same harm in all three: the schedule a step ahead of the training.
+# With one optimizer, the fix steps the scheduler only when the scale did not drop, which
+# holds for a fused optimizer too (several optimizers: section 3). `get_scale()` copies the
+# scale to the CPU, and on CUDA that waits for the GPU (a sync; Sources), so the fix reads it
+# once per step:
 
 # %%
 fixed = errors.train_stepping_scheduler_after_real_steps
 print(errors.fix_diff(errors.train_stepping_scheduler_always, fixed))
-for skip_at in (0, 2):
-    print(f"skip at {skip_at}:", errors.scheduler_run(fixed, skip_at))
+for skip_at, fused in ((0, False), (2, False), (0, True)):
+    print(f"skip at {skip_at}{', fused' * fused}:", errors.scheduler_run(fixed, skip_at, fused=fused))
 
 # %% [markdown]
 # ## 2. "unscale_() has already been called on this optimizer since the last update()"
 #
-# Gradient accumulation with a clip, and `unscale_` inside the micro-batch loop. Hugging
-# Face's Trainer raised it with gradient accumulation in fp16 (huggingface/transformers#23935:
-# there, accumulation ran across an epoch boundary, accelerate skipped the optimizer step
-# there, and the next `clip_grad_norm_` unscaled a second time). **Predict**: which
-# micro-batch raises?
+# Gradient accumulation with a clip, and `unscale_` inside the micro-batch loop (Hugging
+# Face's Trainer raised it in fp16 when accumulation ran across an epoch boundary:
+# huggingface/transformers#23935). **Predict**: which micro-batch raises?
 
 # %%
 print(inspect.getsource(errors.accumulate_unscaling_every_micro_batch))
@@ -149,7 +138,7 @@ print(errors.fix_diff(errors.accumulate_unscaling_every_micro_batch, clipping.ac
 print(errors.accumulation_run(clipping.accumulate))
 
 # %% [markdown]
-# ## 3. Several optimizers, one scaler: `update()` once per iteration
+# ## 3. Several optimizers, one scaler: `update()` once, after the last `step`
 #
 # No message this time, which is the trouble. Two models, two optimizers, one GradScaler,
 # and `update()` after each optimizer's step (huggingface/accelerate#439: accelerate's
@@ -169,11 +158,10 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 
 # %% [markdown]
 # `update()` doubled the scale between the two `step` calls, so model 2's gradients, made
-# at the old scale, were divided by the new one: model 2's gradients are half what they
-# should be (with SGD, as here, so is its step), and the scale grows twice per iteration
-# instead of once. With the default interval (2000) growth is rare, but an overflow changes
-# the scale too, the other way.
-# One step with the default interval and an inf in model 1's gradient only; then in both:
+# at the old scale, were divided by the new one: half what they should be (with SGD, as
+# here, so is its step), and the scale grows twice per iteration. With the default interval
+# (2000) growth is rare, but an overflow changes the scale too, the other way: one step with
+# the default interval and an inf in model 1's gradient only, then in both:
 
 # %%
 for overflow in ((0,), (0, 1)):
@@ -235,7 +223,7 @@ head = torch.nn.Linear(16, 4)
 x = torch.randn(4, 8)
 
 # %% [markdown]
-# **Predict** the dtype of `h`, and what `head(h)` does with it:
+# **Predict** what `head(h)` does:
 
 # %%
 with expect_error(RuntimeError):
@@ -264,8 +252,9 @@ print(errors.head_inside_autocast(body, head, x, dtype=torch.bfloat16).dtype)
 print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 
 # %% [markdown]
-# A convolution says it in its own words, on every device (it checks the bias's dtype
-# before it picks a backend: Sources). The same loop, with a convolutional body and head:
+# A convolution with a bias says it in its own words, on every device (it checks the bias's
+# dtype before it picks a backend: Sources). The same loop, with a convolutional body and
+# head:
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -274,13 +263,22 @@ with expect_error(RuntimeError):
     errors.head_outside_autocast(conv_body, conv_head, torch.randn(1, 3, 8, 8), dtype=torch.bfloat16)
 
 # %% [markdown]
+# Without a bias (a convolution followed by BatchNorm, as in ResNets) the backend checks,
+# and the CPU decides which: oneDNN where it takes bfloat16 (its words are in the index),
+# else the native kernel, in section 12's words, shown here with oneDNN off (Sources):
+
+# %%
+with errors.without_onednn(), expect_error(RuntimeError):
+    errors.head_outside_autocast(conv_body, torch.nn.Conv2d(4, 2, 3, bias=False), torch.randn(1, 3, 8, 8))
+
+# %% [markdown]
 # ## 6. inf in float16, then a NaN loss
 #
 # Attention scores are dot products over the head dimension: long sums. Take queries and
-# keys of 16.0 in 512 dimensions. **Predict**: does their dot product fit in float16?
+# keys of 32.0 in 128 dimensions. **Predict**: does their dot product fit in float16?
 
 # %%
-d, value = 512, 16.0
+d, value = 128, 32.0
 print(f"dot product {value * value * d:g}; float16's largest value {torch.finfo(torch.float16).max:g}")
 
 # %%
@@ -289,9 +287,10 @@ print(errors.overflow_report(*errors.attention(q, k, v, dtype=torch.float16)))
 
 # %% [markdown]
 # The matmul runs in float16 under autocast and overflows to inf before `attention`
-# divides the scores by sqrt(d) after it, the usual place. Softmax subtracts each row's
-# largest score before exponentiating, and inf minus inf is NaN; from there every value
-# downstream is NaN, the loss too. With a GradScaler, that batch's step is skipped and the
+# divides the scores by sqrt(d) after it (`F.scaled_dot_product_attention`'s math path
+# scales q and k before its matmul instead; Sources). Softmax subtracts each row's largest
+# score before exponentiating, and inf minus inf is NaN; from there every value downstream
+# is NaN, the loss too. With a GradScaler, that batch's step is skipped and the
 # scale halved. The scale multiplies only the loss, after the forward, so halving it does
 # not undo an overflow in the forward: an inf on every batch skips every step and the scale
 # falls and falls (lesson 03's `Trainer` stops that). A long reduction outside autocast
@@ -344,9 +343,8 @@ print("FutureWarnings from torch.amp.autocast, torch.autocast, torch.amp.GradSca
       errors.current_spellings_warnings())
 
 # %% [markdown]
-# Without CUDA, the two `torch.cuda.amp` ones also warn that CUDA is not available and
-# disable themselves (left out above: it depends on the machine). The `torch.amp` spellings
-# take the device first and raise no FutureWarning (the last line, for device "cpu").
+# The `torch.amp` spellings take the device first and raise none (the last line). Without
+# CUDA the `torch.cuda.amp` ones also disable themselves: section 8.
 #
 # ## 8. `GradScaler()` without a device: off, with one warning
 #
@@ -361,9 +359,9 @@ print(errors.default_scaler_report())
 # %% [markdown]
 # The loss comes back unscaled. Under `torch.autocast("cpu", dtype=torch.float16)`,
 # training goes on in float16 without a scaler: lesson 03's flushed gradients, with one
-# warning that is easy to miss in a log. Under `torch.autocast("cuda")`, autocast is off
-# on that machine too (it warns "CUDA is not available ... Disabling autocast"), and the
-# loop trains in float32. Pass the device, as every lesson does:
+# warning that is easy to miss in a log. Under `torch.autocast("cuda")`, autocast turns
+# itself off there too, with a warning of its own (Sources), and the loop trains in
+# float32. Pass the device, as every lesson does:
 
 # %%
 scaler = torch.amp.GradScaler("cpu")
@@ -373,19 +371,15 @@ print(f"enabled: {scaler.is_enabled()}; scale(0.5) = {scaler.scale(torch.tensor(
 # %% [markdown]
 # ## 9. A gradient penalty computed from scaled gradients
 #
-# A gradient penalty adds the gradients' norm to the loss, so the loss needs the gradients
-# during the forward pass: `torch.autograd.grad(..., create_graph=True)`. With a GradScaler
-# those gradients come out multiplied by the scale. PyTorch's AMP examples unscale them by
-# hand before computing the penalty:
+# A gradient penalty adds the gradients' norm to the loss, so it needs the gradients during
+# the forward pass: `torch.autograd.grad(..., create_graph=True)`. With a GradScaler they
+# come out multiplied by the scale, and PyTorch's AMP examples unscale them by hand first.
+# **Predict**: with `unscale=False`, how much larger is the penalty, and what does
+# GradScaler do with the loss that carries it? `penalty_run` takes 24 steps each way, beside
+# each the true penalty (the same weights and batch, in float32, without a scaler):
 
 # %%
 print(inspect.getsource(errors.penalty_step))
-
-# %% [markdown]
-# **Predict**: with `unscale=False`, how much larger is the penalty, and what does
-# GradScaler do with the loss that carries it? `penalty_run` takes 24 steps each way, and
-# beside each step computes the true penalty (the gradient norm of the same weights and
-# batch, in float32, without a scaler):
 
 # %%
 from amp_lessons.claims import at_least, between, check, measured
@@ -396,20 +390,6 @@ taken = [s for s in wrong.steps if not s.skipped]
 print(between("forgetting to unscale multiplies the penalty by the scale S: |penalty / true penalty / S - 1|, "
               "largest over the first step and every step taken",
               max(abs(s.times_too_large / s.scale - 1) for s in [wrong.steps[0], *taken]), 0, 0.05, ".3f"))
-
-# %% [markdown]
-# Forgotten, the first steps overflow. `scaler.scale(loss)` multiplies the penalty's
-# gradient by S once more, and backward carries it (S·S, 2^32 at the start) back through
-# the float16 matmuls of the first backward, whose results pass float16's largest value:
-# the weights' gradients hold inf. Each skip halves S, and once S is small enough the steps
-# go through. The scale at every step (`s`: skipped) follows from float16 sums near float16's
-# largest value; the checks after it are what holds on every CPU:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-print(f"forgotten: {wrong.scales_line()}")
-
-# %%
 print(check("forgotten, GradScaler skips the first steps, then takes most of the rest; unscaling by hand, "
             "it skips none of the 24",
             wrong.skipped()[:3] == [1, 2, 3] and len(taken) / (24 - wrong.first_taken() + 1) >= 0.5
@@ -422,10 +402,11 @@ print(at_least("after 24 steps the cross entropy is at least 5x that of the run 
                wrong.final_loss / right.final_loss, 5, ".1f"))
 
 # %% [markdown]
-# That is the real danger: no message, a few skipped steps that look like GradScaler
-# finding its scale (lesson 03), and then training goes on with the penalty the first check
-# measured, S times too large, S being each step's scale. The loss the penalty was meant to
-# regularize ends far above that of the run that unscales.
+# Forgotten, the first steps overflow: `scaler.scale(loss)` multiplies the penalty's
+# gradient by S once more, and backward carries S·S (2^32 at the start) through the first
+# backward's float16 matmuls, past float16's largest value. Each skip halves S until the
+# steps go through; then training runs on a penalty S times too large, with no message and
+# a few skips that look like GradScaler finding its scale (lesson 03).
 #
 # ## 10. "binary_cross_entropy ... unsafe to autocast"
 #
@@ -448,14 +429,11 @@ print(errors.cuda_bce("bce"))
 
 # %% [markdown]
 # The message names the fix: fuse the sigmoid into the loss. `binary_cross_entropy_with_logits`
-# (`nn.BCEWithLogitsLoss`) takes the logits and is on CUDA's float32 list (replayed again):
+# (`nn.BCEWithLogitsLoss`) takes the logits and is on CUDA's float32 list (replayed again;
+# on a CUDA machine the verdict after it runs the real thing, and says which it did):
 
 # %%
 print(errors.cuda_bce("logits"))
-
-# %% [markdown]
-# On a CUDA machine the verdict below runs the real thing and checks the replay against
-# it; its words say which it did.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -568,11 +546,10 @@ check_loop(source)
 # %% [markdown]
 # Lesson 04's three bugs, and one *note*, line 12 (`backward-in-autocast`): lesson 04
 # measured the same gradients inside and outside for its model; the note says where they
-# may differ. From a shell, on files, notebooks (cell by cell) and directories,
-# `python -m amp_lessons lint train.py` prints one line per finding and exits with 1 when
-# it finds a mistake (notes alone exit 0), 2 when a file cannot be read or parsed (it
-# names the file and goes on). `--format json` prints the same for an editor or CI, and
-# the repository's `.pre-commit-hooks.yaml` runs it from pre-commit:
+# may differ. From a shell, `python -m amp_lessons lint train.py` (files, notebooks cell by
+# cell, directories) prints one line per finding and exits with 1 on a mistake (notes
+# alone: 0), 2 when a file cannot be read or parsed (named; the rest go on); `--format json`
+# serves an editor or CI, `.pre-commit-hooks.yaml` pre-commit:
 
 # %%
 import contextlib
@@ -598,15 +575,17 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # | message or symptom | cause | revisit |
 # |---|---|---|
 # | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway | 03, section 1 |
-# | (none) the schedule a step ahead of the training | a skipped step after the first, and the scheduler stepped anyway | 03, section 1 |
+# | (none) the schedule a step ahead of the training | a skipped step after the first (any skipped step, with a `fused=True` optimizer), and the scheduler stepped anyway | 03, section 1 |
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | 04, section 2 |
-# | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` after each optimizer's step | section 3 |
+# | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` between two optimizers' `scaler.step` | section 3 |
 # | (none) a scheduler falls behind its optimizer | schedulers stepped on the shared scale; one model overflowed | section 3 |
 # | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | 05, section 4 |
 # | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | 02, section 5 |
 # | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU) | the same, at a `Linear` without a bias | section 5 |
 # | `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
 # | `Input type (c10::BFloat16) and bias type (float) should be the same` (every device, by source) | the same, at a convolution with a bias | section 5 |
+# | `Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same or input should be a MKLDNN tensor ...` (CPU, oneDNN; by source) | the same, at a convolution without a bias | section 5 |
+# | `expected scalar type BFloat16 but found Float` (CPU, native kernel) | the same, at a convolution without a bias | section 5 |
 # | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | 01, 03, section 6 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
@@ -621,20 +600,19 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # ## Remember
 #
 # - Step each lr scheduler only after its own optimizer stepped (one optimizer: the scale
-#   did not drop; several: ask each); the warning comes only when the *first* step is skipped.
+#   did not drop; several: ask each); the warning comes only when the *first* step is
+#   skipped, and never with a `fused=True` optimizer.
 # - `unscale_` once per optimizer step, after the last backward; `scaler.step(opt)` for
-#   each optimizer, `scaler.update()` once per iteration.
+#   each optimizer, then `scaler.update()` once, after the last.
 # - Keep float32 weights with a GradScaler; let autocast do the casting, and keep a
 #   16-bit activation inside autocast or cast it at the edge.
 # - Always `torch.amp.GradScaler(device.type)`; always the `torch.amp` spellings.
 #
 # ## Watch out
 #
-# - Five of these mistakes print nothing: a later skipped step, `update()` per optimizer,
-#   an overflow to inf in a long sum, an unscaled penalty (a few skipped steps, then
-#   training on a penalty S times too large), bfloat16 on a T4 that reports it supported.
-#   A scaler switched off by `GradScaler()` on a machine without CUDA prints one warning,
-#   easy to miss in a log. Run `python -m amp_lessons lint` on your training script.
+# - Six of these mistakes print nothing (the index's "(none)" rows), and a scaler switched
+#   off by `GradScaler()` without CUDA prints one warning, easy to miss in a log. Run
+#   `python -m amp_lessons lint` on your training script.
 # - A NaN loss in float16: look for the first inf (section 6's long sums) before blaming
 #   the learning rate.
 # - On CUDA, use `BCEWithLogitsLoss`; on a T4, ask `is_bf16_supported(including_emulation=False)`.
@@ -656,8 +634,9 @@ print(listing(inspect.getsource(two_model_loop_as_given)))
 # and fix it. The checker runs your loop on two tiny networks for four batches, the first
 # and the third holding an inf, model 1's gradient alone overflowing at the fourth, as on a
 # machine without CUDA (the same on every machine); it counts each optimizer's and
-# scheduler's steps and reads your source with `check_loop`, and names the kind of each
-# mistake and the section that shows it. As given, it checks the loop above:
+# scheduler's steps and the order of the scaler's calls, then reads your source with
+# `check_loop` (a note only, when the run finds no bug), and names the kind of each mistake
+# and the section that shows it. As given, it checks the loop above:
 
 # %%
 my_loop = two_model_loop_as_given  # replace with your own: def my_loop(models, optimizers, schedulers, batches): ...
@@ -669,13 +648,16 @@ check_two_model_loop(my_loop)
 #
 # What this lesson says of PyTorch that no cell runs on this machine:
 #
-# - `get_scale()` copies the scale with `.item()`, and `step` raises "No inf checks were
-#   recorded" when an optimizer recorded none: `torch/amp/grad_scaler.py`.
+# - `get_scale()` copies the scale with `.item()`, `step` raises "No inf checks were
+#   recorded" when an optimizer recorded none, and calls a `fused=True` optimizer's `step`
+#   at every step: `torch/amp/grad_scaler.py`.
 # - CUDA's wording of the bias-free matmul dtype mismatch: `addmm_out_cuda_impl` in
 #   `aten/src/ATen/native/cuda/Blas.cpp`.
-# - "Current CUDA Device does not support bfloat16": `torch/amp/autocast_mode.py`
-#   (`autocast.__init__`); `is_bf16_supported` and its emulation test: `torch/cuda/__init__.py`;
-#   the error on a V100 in an older release: karpathy/nanoGPT#277.
+# - "Current CUDA Device does not support bfloat16", and "CUDA is not available or
+#   torch_xla is imported. Disabling autocast." (the same words in torch 2.11 and 2.13):
+#   `torch/amp/autocast_mode.py` (`autocast.__init__`); `is_bf16_supported` and its
+#   emulation test: `torch/cuda/__init__.py`; the error on a V100 in an older release:
+#   karpathy/nanoGPT#277.
 # - CUDA autocast refuses `binary_cross_entropy`: `aten/src/ATen/autocast_mode.cpp` (its
 #   banned list) and the Autocast Op Reference in `docs/source/amp.md`; pytorch/pytorch#61098.
 # - bf16 on a T4: pytorch/pytorch#148322; bf16 arithmetic through float32 below compute
@@ -683,9 +665,13 @@ check_two_model_loop(my_loop)
 #   on a T4: huggingface/diffusers#14688. In `aten/src/ATen/native/Convolution.cpp`,
 #   `use_cudnn` takes bfloat16 only from compute capability 8.0, `use_cudnn_depthwise` takes
 #   a channels_last depthwise one without that test, and `conv1d`/`conv2d`/`conv3d` check
-#   the bias's dtype before any backend is chosen.
-# - Step post-hooks run after each step that ran (`torch/optim/optimizer.py`); GradScaler
-#   calls a `fused=True` optimizer at every step (`torch/amp/grad_scaler.py`).
+#   the bias's dtype before any backend is chosen. Without a bias, a CPU's bfloat16 input
+#   goes to oneDNN where `mkldnn_bf16_device_check()` allows it (`use_mkldnn`), and oneDNN's
+#   check is `check_input_same_type_as_parameters`, in the same file.
+# - Step post-hooks run after each step that ran (`torch/optim/optimizer.py`).
+# - `F.scaled_dot_product_attention`'s math path multiplies q and k by the square root of
+#   the scale each, before the matmul: `_scaled_dot_product_attention_math` in
+#   `aten/src/ATen/native/transformers/attention.cpp`.
 # - A `Linear` with a bias on 2-D input calls `addmm` (`aten/src/ATen/native/Linear.cpp`),
 #   whose dtype check runs for every device before its kernel: `ADDMM_META`,
 #   `TORCH_META_FUNC(addmm)`, `aten/src/ATen/native/LinearAlgebra.cpp`.

@@ -186,6 +186,37 @@ def train(models, opts, scheds, loader, scaler):
                 s.step()
 """
 
+STATE_STEP_GUARD = """
+def train(models, opts, scheds, loader, scaler):
+    for x, y in loader:
+        scaler.scale(sum(m(x).sum() for m in models)).backward()
+        before = [[s["step"].item() for s in o.state.values()] for o in opts]
+        for opt in opts:
+            scaler.step(opt)
+        scaler.update()
+        for opt, sched, old in zip(opts, scheds, before):
+            if [s["step"].item() for s in opt.state.values()] != old:  # its own step ran
+                sched.step()
+"""
+
+TWO_HALVES_IN_TURN = """
+for x, y in loader:
+    scaler.scale(loss_d(x)).backward()
+    scaler.step(opt_d)
+    scaler.update()
+    scaler.scale(loss_g(x)).backward()
+    scaler.step(opt_g)
+    scaler.update()
+"""
+
+TWO_STEPS_ONE_UPDATE = """
+for x, y in loader:
+    scaler.scale(loss(x)).backward()
+    scaler.step(opts[0])
+    scaler.step(opts[1])
+    scaler.update()
+"""
+
 
 import torch  # noqa: E402  (the solution above uses it; kept next to it for reading)
 
@@ -209,6 +240,9 @@ CORRECT = {
     "nanoGPT's loop, torch.amp spelling": lambda: NANOGPT_STEP,
     "06's exercise, solved": lambda: exercise_solution,
     "schedulers guarded by a step hook function": lambda: HOOK_FUNCTION_GUARD,
+    "schedulers guarded by the optimizers' step counts": lambda: STATE_STEP_GUARD,
+    "two models in turn, a backward and an update each": lambda: TWO_HALVES_IN_TURN,
+    "two scaler.step calls written out, one update": lambda: TWO_STEPS_ONE_UPDATE,
 }
 
 
@@ -335,6 +369,23 @@ for x, y in loader:
         scheduler.step()
 """
 
+UPDATE_BETWEEN_STEPS = """
+for x, y in loader:
+    scaler.scale(loss(x)).backward()
+    scaler.step(opts[0])
+    scaler.update()
+    scaler.step(opts[1])
+"""
+
+BATCH_STEP_FIELD = """
+for batch in loader:
+    scaler.scale(loss(batch)).backward()
+    scaler.step(opt)
+    scaler.update()
+    if batch["step"] % 10 == 0:
+        scheduler.step()
+"""
+
 HALF_MODEL = """
 model = Net().cuda().half()
 opt = torch.optim.Adam(model.parameters())
@@ -359,6 +410,8 @@ BROKEN = {  # name: (loop, the one finding it must have)
     "a scheduler after a loop of scaler.step": (lambda: SCHEDULER_AFTER_A_LOOP_OF_STEPS, "scheduler-unguarded"),
     "an if that reads no name the step hook writes": (lambda: HOOK_THAT_WRITES_ELSEWHERE, "scheduler-unguarded"),
     "errors: update per optimizer": (lambda: errors.step_two_optimizers_updating_each, "update-per-optimizer"),
+    "update between two scaler.step calls written out": (lambda: UPDATE_BETWEEN_STEPS, "update-per-optimizer"),
+    "a scheduler guarded by a batch's 'step' field": (lambda: BATCH_STEP_FIELD, "scheduler-unguarded"),
     "clipping: loss not divided": (lambda: clipping.accumulate_without_dividing, "accumulation-undivided"),
     "accumulation with %, not divided": (lambda: MODULO_UNDIVIDED, "accumulation-undivided"),
     "clipping: step every micro-batch": (lambda: clipping.accumulate_stepping_every_micro_batch,

@@ -130,11 +130,12 @@ class SchedulerRun:
                 f"{self.optimizer_steps} times, the scheduler {self.scheduler_steps} times; lr now {self.lr:g}")
 
 
-def scheduler_run(loop, skip_at: int, steps: int = 4, lr: float = 0.01) -> SchedulerRun:
-    """Run ``loop`` for ``steps`` batches with AdamW and ``StepLR(step_size=1, gamma=0.5)``,
+def scheduler_run(loop, skip_at: int, steps: int = 4, lr: float = 0.01, fused: bool = False) -> SchedulerRun:
+    """Run ``loop`` for ``steps`` batches with AdamW (``fused=True``: its fused kernel, whose
+    ``step`` GradScaler calls also on a skipped step) and ``StepLR(step_size=1, gamma=0.5)``,
     the batch ``skip_at`` holding an inf (so GradScaler skips that step)."""
     model = tiny_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     caught, _ = caught_warnings(loop, model, opt, scheduler, tiny_batches(steps, bad=(skip_at,)))
     return SchedulerRun([str(w.message) for w in caught], optimizer_steps(opt), scheduler.last_epoch,
@@ -307,6 +308,19 @@ def head_outside_autocast(body, head, x, dtype=torch.bfloat16):
     return head(h)  # float32 weights meet it outside autocast
 
 
+@contextlib.contextmanager
+def without_onednn():
+    """Inside, CPU convolutions do not use oneDNN (``torch.backends.mkldnn.enabled`` False),
+    as on a CPU where oneDNN takes no bfloat16 (``use_mkldnn`` in
+    ``aten/src/ATen/native/Convolution.cpp``). Restored on exit (lesson 06, section 5)."""
+    saved = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = saved
+
+
 def head_inside_autocast(body, head, x, dtype=torch.bfloat16):
     """Fix (row 5): the whole forward under autocast (or ``head(h.float())`` to keep it float32)."""
     with torch.autocast("cpu", dtype=dtype):
@@ -459,10 +473,6 @@ class PenaltyRun:
     def first_taken(self) -> int:
         """The first step GradScaler took, counted from 1 (0 if it took none)."""
         return next((i + 1 for i, s in enumerate(self.steps) if not s.skipped), 0)
-
-    def scales_line(self) -> str:
-        """The scale of every step, a skipped one marked ``s``."""
-        return ", ".join(f"{s.scale:g}{'s' * s.skipped}" for s in self.steps)
 
 
 def penalty_run(unscale: bool, steps: int = 24) -> PenaltyRun:

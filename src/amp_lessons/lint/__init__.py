@@ -26,7 +26,7 @@ scheduler-unguarded     ``scheduler.step()`` also after a skipped step          
 half-with-scaler        ``model.half()`` with a GradScaler                                  05
 fp16-without-scaler     float16 autocast and backward, no GradScaler in the file ("may")   03
 backward-in-autocast    ``backward()`` inside the autocast block (a note)                   02
-update-per-optimizer    ``scaler.update()`` inside the loop over optimizers                 06
+update-per-optimizer    ``scaler.update()`` between the optimizers' ``scaler.step`` calls   06
 accumulation-undivided  gradient accumulation without dividing the loss                     04
 step-per-micro-batch    ``step``/``update`` on every micro-batch of an accumulation loop    04
 ======================  =================================================================  ======

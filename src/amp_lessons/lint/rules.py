@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from .walk import Index, Unit, dotted, earlier, find_roles, key, last, names_in, units_of
+from .walk import Index, Unit, dotted, earlier, find_roles, key, last, names_in, same_run, units_of
 
 DEPRECATED = ("torch.cuda.amp", "torch.cpu.amp")
 TORCH_SCALERS = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler", "GradScaler"}
@@ -418,10 +418,13 @@ def _iteration_loop(e, loops: set[int]):
 def _reads_skip(unit: Unit, test, hooked: frozenset = frozenset(), depth: int = 0) -> bool:
     """Does an if-test read whether GradScaler skipped the step: ``get_scale()``, a found-inf or
     skip flag computed in this function, a finiteness check, a name an optimizer's step
-    post-hook writes (``hooked``)? A flag on a configuration object (``args.skip_sched``) or a
+    post-hook writes (``hooked``), an optimizer state's ``["step"]`` count? A flag on a configuration object (``args.skip_sched``) or a
     test that the scaler exists (``use_grad_scaler``) does not."""
     if hooked & names_in(test):
         return True
+    if "state" in names_in(test) and any(isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
+                                         and n.slice.value == "step" for n in ast.walk(test)):
+        return True  # an optimizer's own step count (``opt.state[p]["step"]``), which a skip leaves as it was
     for n in ast.walk(test):
         if isinstance(n, ast.Call) and last(dotted(n.func) or getattr(n.func, "attr", "")) in FINITE_CHECKS:
             return True
@@ -469,8 +472,22 @@ def _first_exit_guard(unit: Unit, block, hooked: frozenset = frozenset()) -> int
 
 
 def update_per_optimizer(ctx: Context):
-    """``scaler.update()`` inside the loop over the optimizers it steps."""
+    """``scaler.update()`` inside the loop over the optimizers it steps, or between two
+    optimizers' ``scaler.step`` calls after one backward (``step(a); update(); step(b)``)."""
     for unit in ctx.units:
+        flow = unit.follow()
+        for e in unit.of("scaler_step"):
+            state = flow.at.get(id(e))
+            if state is None or e.arg is None:
+                continue
+            k, events = key(e.arg), unit.event_by_id
+            before = sorted({name for name, i in state.stepped - state.since_update
+                             if name != k and same_run(events[i], e)})
+            if before:
+                yield e.line, (f"scaler.step({k}) after scaler.update(), in the iteration that stepped "
+                               f"{before[0]}: the update can change the scale between the two steps, so "
+                               f"{k}'s gradients, made at the old scale, are unscaled by the new one. Call "
+                               "scaler.step(opt) for each optimizer, then scaler.update() once")
         stepped_in: dict[int, set] = {}  # loop -> names read by the optimizers stepped in it
         for s in unit.of("scaler_step", "unscale"):
             if s.arg is not None:
@@ -680,7 +697,7 @@ RULES: tuple[Rule, ...] = (
          "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\n    loss.backward()\n",
          "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\nloss.backward()\n",
          backward_in_autocast, "note"),
-    Rule("update-per-optimizer", "06_error_messages", "scaler.update() inside the loop over optimizers",
+    Rule("update-per-optimizer", "06_error_messages", "scaler.update() between the optimizers' scaler.step calls",
          "scaler.scale(loss).backward()\nfor opt in optimizers:\n    scaler.step(opt)\n    scaler.update()\n",
          "scaler.scale(loss).backward()\nfor opt in optimizers:\n    scaler.step(opt)\nscaler.update()\n",
          update_per_optimizer),
