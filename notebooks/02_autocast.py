@@ -444,11 +444,10 @@ print("head.weight.grad identical, backward inside vs outside:",
 # %% [markdown]
 # ## Custom autograd functions: `custom_fwd` and `custom_bwd`
 #
-# A custom `torch.autograd.Function` has a `backward` that you write, and autograd calls it
-# wherever `loss.backward()` is called: outside the context, autocast is off there. Here is
-# a plain matmul as a custom function, with no autocast decorators. **Predict**: under
-# autocast, which dtype reaches `backward` as `grad`, and which dtype does the saved `b`
-# have?
+# Autograd calls the `backward` you write for a `torch.autograd.Function` wherever
+# `loss.backward()` is called. A plain matmul as a custom function, with no autocast
+# decorators. **Predict**: under autocast, which dtype reaches `backward` as `grad`, and
+# which dtype does the saved `b` have?
 
 # %%
 class PlainMatmul(torch.autograd.Function):
@@ -484,11 +483,10 @@ with torch.autocast(device, dtype=dtype):
 print("out", out.dtype, "| a.grad", a.grad.dtype, "| b.grad", b.grad.dtype)
 
 # %% [markdown]
-# Code that works only when `backward()` is called in one place is fragile. The fix is
-# two decorators, used together: `torch.amp.custom_fwd(device_type=...)` records the
-# autocast state of the forward, and `torch.amp.custom_bwd(device_type=...)` runs
-# `backward` in that state, wherever `backward()` is called (`custom_bwd` alone raises an
-# `AttributeError`: the state it reads is set by `custom_fwd`).
+# The fix is two decorators, used together: `torch.amp.custom_fwd(device_type=...)`
+# records the autocast state of the forward, and `torch.amp.custom_bwd(device_type=...)`
+# runs `backward` in that state, wherever `backward()` is called (`custom_bwd` alone raises
+# an `AttributeError`: the state it reads is set by `custom_fwd`).
 
 # %%
 class AmpMatmul(torch.autograd.Function):
