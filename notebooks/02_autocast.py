@@ -65,12 +65,13 @@ print(f"lesson 00 recommends {report.recommended} here")
 # %% [markdown]
 # ## The card's example, as written
 #
-# Here is the card's code in full: it picks float16 on a GPU and bfloat16 on a CPU, runs
-# one training step, and prints two dtypes. **Predict** before you run it: what will
-# `logits.dtype` and `loss.dtype` be?
+# The card ends with an example, which lesson 00 leaves to this lesson; here it is as the
+# card writes it. It picks float16 on a GPU and bfloat16 on a CPU, runs one training step,
+# and prints two dtypes. **Predict** before you run it: what will `logits.dtype` and
+# `loss.dtype` be?
 
 # %%
-import torch  # noqa: F811  (the card's code, as written)
+import torch  # noqa: F811  (the card's example, as written)
 from torch import nn
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,8 +95,9 @@ opt.zero_grad(set_to_none=True)
 #
 # ## This lesson's device and dtype
 #
-# The card picks float16 on every GPU; lesson 00 picks by compute capability (bfloat16 from
-# 8.0, Ampere, on; float16 with a `GradScaler` on 7.x; float32 below). From here on the
+# The example picks float16 on every GPU, although the card's text calls bfloat16 "the
+# default choice on Ampere-or-newer GPUs". Lesson 00 picks by compute capability (bfloat16
+# from 8.0, Ampere, on; float16 with a `GradScaler` on 7.x; float32 below). From here on the
 # lesson traces on `amp_lessons.pick_device()` in lesson 00's precision, or, where that is
 # fp32, in autocast's default for the device type: bfloat16 on a CPU, float16 on CUDA and
 # MPS (`amp_lessons.trace.lesson_dtype`).
@@ -127,15 +129,17 @@ mlp_trace = trace_model(mlp, x, y, loss_fn, dtype=dtype)
 print(mlp_trace.table())
 
 # %% [markdown]
-# How to read it. The `cast` column says who inserted each `_to_copy`: `autocast`,
-# `explicit` (the code's own, such as `h.float()`, or the op's, below), or `autograd` (a
-# backward pass's, below). Before each `addmm`, autocast cast the float32 weight and bias
-# to 16-bit, and for the first layer the input too (the shape tells which). The last column
-# marks the computing ops whose result is float32, and why: `<- autocast fp32`, autocast
-# made it float32 (it cast a 16-bit input up, or asked the op for a float32 result);
-# `<- already fp32`, its inputs were float32 already. On a CPU `cross_entropy` is on
-# autocast's float32 list: the logits are cast up (the `(loss)` cast), and both its halves,
-# `_log_softmax` and `nll_loss_forward`, run in float32. CUDA does it differently (below).
+# The `cast` column says who inserted each `_to_copy`: `autocast`, `explicit` (the code's
+# own, such as `h.float()`, or the op's) or `autograd` (a backward pass's). Before each
+# `addmm`, autocast cast the float32 weight and bias to 16-bit, and for the first layer the
+# input too (the shape tells which).
+#
+# The last column marks the computing ops whose result is float32, and why:
+# `<- autocast fp32`, autocast made it float32 (it cast a 16-bit input up, or asked the op
+# for a float32 result); `<- already fp32`, its inputs were float32 already.
+#
+# On a CPU `cross_entropy` is on autocast's float32 list: the logits are cast up (the
+# `(loss)` cast), and both its halves, `_log_softmax` and `nll_loss_forward`, run in float32.
 #
 # ## A transformer block: attention, softmax, layer_norm, GELU
 #
@@ -165,8 +169,8 @@ block_trace
 # 3. Every other op is left alone and runs in the dtype its inputs give it. The residual
 #    `add` gets the block's float32 input plus a 16-bit branch, and type promotion makes
 #    that float32 (`<- already fp32`), which is why the second `layer_norm`, like the first,
-#    got a float32 input. (A short `promote` list, `cat` and `stack` among it, gets its
-#    inputs cast to the widest dtype.)
+#    got a float32 input. (A short `promote` list casts an op's inputs to the widest dtype
+#    among them: on a CPU `cat` and `stack`, on CUDA others, such as `dot` and `cross`.)
 #
 # Not every op promotes. **Predict**: with no autocast, on a CPU, what do a 16-bit
 # activation times a float32 weight, and normalizations of it with float32 weights, give?
@@ -197,58 +201,36 @@ image = torch.randn(2, 3, 8, 8, device=device)
 print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 
 # %% [markdown]
-# An op on no list can still cast inside itself. `torch.rms_norm` upcasts a 16-bit input to
-# float32, normalizes, and casts back; the tracer labels those casts `explicit`, the op's own,
-# unless this device's autocast has a kernel for `rms_norm`. The CPU's has none. CUDA's has
-# one from torch 2.12 on, which puts `rms_norm` on CUDA's float32 list, and none in torch
-# 2.11 (pytorch/pytorch#174824); the second cell prints what this release has:
-
-# %%
-print(trace_fn(partial(torch.rms_norm, torch.randn(4, 16, device=device).to(dtype), (16,)),
-               device=device, dtype=dtype).table())
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-print(f"torch {torch.__version__}: aten::rms_norm  AutocastCPU {has_kernel('aten::rms_norm', 'AutocastCPU')}, "
-      f"AutocastCUDA {has_kernel('aten::rms_norm', 'AutocastCUDA')}")
-
-# %% [markdown]
 # ## CPU and CUDA keep different lists
 #
 # Each device type has its own lists, in PyTorch's `aten/src/ATen/autocast_mode.cpp`; the
-# AMP docs print the CUDA and CPU ones ("Autocast Op Reference"). No public API returns
-# them. A private one says, with no GPU, whether autocast has a kernel for an op on a device
-# type (not which list, nor what the kernel does: tracing shows that):
-
-# %%
-ops = ["aten::mm", "aten::softmax.int", "aten::layer_norm", "aten::sum",
-       "aten::relu", "aten::nll_loss", "aten::cross_entropy_loss"]
-print(f"{'op':<26}{'AutocastCPU':>12}{'AutocastCUDA':>13}")
-for op in ops:
-    print(f"{op:<26}{has_kernel(op, 'AutocastCPU')!s:>12}{has_kernel(op, 'AutocastCUDA')!s:>13}")
-
-# %% [markdown]
+# AMP docs print the CUDA and CPU ones ("Autocast Op Reference").
+#
 # ### Replaying CUDA's autocast here: `simulate=True`
 #
-# Autocast decides every cast from the op, its arguments' devices and dtypes and the
-# autocast dtype, never from the data. So with `simulate=True` the tracer turns the tensors
-# into `FakeTensor`s on `"cuda"` (shape, dtype and device, no data), switches CUDA's
-# autocast on, and records the ops dispatched: nothing is computed, there is no backward,
-# and a weight used twice may show two casts where the device casts once (`cached_casts`).
-# Can a replay be trusted? The tracer runs calls both ways on this device, for real and
-# simulated, and compares them op by op (the exercise at the end has the third model):
+# The CUDA columns below are a replay, by machinery checked against this device's real
+# traces (next cell). Autocast decides every cast from the op, its arguments' devices and
+# dtypes and the autocast dtype, never from the data. So with `simulate=True` the tracer
+# turns the tensors into `FakeTensor`s on `"cuda"` (shape, dtype and device, no data),
+# switches CUDA's autocast on, and records the ops dispatched.
+#
+# A replay computes nothing and has no backward, and a weight used twice may show two casts
+# where the device casts once (autocast's cast cache).
+#
+# The check: the tracer runs calls both ways on this device, for real and simulated, and
+# compares them op by op. On a CPU this checks the replay machinery against the CPU's own
+# autocast; on a CUDA GPU, the CUDA replay against real CUDA traces (`make gpu-check` runs
+# it for both dtypes).
 
 # %%
+import textwrap
+
 from amp_lessons.devicechecks import simulation_verdicts
 
 for verdict in simulation_verdicts(device, [dtype]):
-    print(verdict)
+    print(textwrap.fill(str(verdict), 100, subsequent_indent="    "))
 
 # %% [markdown]
-# On a CPU this checks the replay machinery against the CPU's own autocast; on a CUDA GPU,
-# the CUDA replay against real CUDA traces (`make gpu-check` runs it for both dtypes).
-#
 # Single calls, on this device and replayed on CUDA, for both 16-bit dtypes. **Predict**
 # which of them CUDA will run in float32.
 
@@ -263,8 +245,8 @@ for d in (torch.bfloat16, torch.float16):
 # On a CPU the four ops follow their 16-bit input, like `relu`, which is on no list; on
 # CUDA they come out float32 while `relu` stays 16-bit. CUDA's autocast casts the
 # input of `layer_norm` and `group_norm`, but calls `softmax` and `log_softmax` with
-# `dtype=float32`: the op then casts a bfloat16 input itself (`explicit` in the table) and
-# reads a float16 one directly (`softmax` in `aten/src/ATen/native/SoftMax.cpp`).
+# `dtype=float32`: the op then casts a bfloat16 input itself and reads a float16 one
+# directly (`softmax` in `aten/src/ATen/native/SoftMax.cpp`).
 #
 # The transformer block's forward + loss, on this device and replayed on CUDA, one panel
 # above the other: one cell per op in the order the ops ran, numbered within each panel
@@ -281,31 +263,53 @@ op_dtypes([block_trace, cuda_block])
 # where a CPU keeps them 16-bit. If a softmax or a normalization must be float32 on every
 # device, say so explicitly (the `enabled=False` section below shows how).
 #
+# ### An op on no list can cast inside itself
+#
+# `torch.rms_norm` upcasts a 16-bit input to float32, normalizes, and casts back; the
+# tracer labels those casts `explicit`, the op's own, unless this device's autocast has a
+# kernel for `rms_norm`. The CPU's has none. CUDA's has one from torch 2.12 on, which puts
+# `rms_norm` on CUDA's float32 list, and none in torch 2.11 (pytorch/pytorch#174824). A
+# private API says whether autocast has a kernel for an op on a device type (not which
+# list); the second cell prints what this release has:
+
+# %%
+print(trace_fn(partial(torch.rms_norm, torch.randn(4, 16, device=device).to(dtype), (16,)),
+               device=device, dtype=dtype).table())
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+print(f"torch {torch.__version__}: aten::rms_norm  AutocastCPU {has_kernel('aten::rms_norm', 'AutocastCPU')}, "
+      f"AutocastCUDA {has_kernel('aten::rms_norm', 'AutocastCUDA')}")
+
+# %% [markdown]
 # ## The loss on CUDA, and the calls autocast skips
 #
-# CUDA's lists have no entry for `cross_entropy` (the `False` above), yet the docs list it
-# among CUDA's float32 ops: the loss comes out float32 because it decomposes into
+# The docs list `cross_entropy` among CUDA's float32 ops, but CUDA's autocast has no
+# kernel for it: the loss comes out float32 because it decomposes into
 # `log_softmax(x, 1, dtype=x.dtype)` and `nll_loss`, and `nll_loss` is on the list.
 # `log_softmax` is too, but the call names its own dtype. **Predict** the CUDA column:
 
 # %%
-print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype))
+print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype, width=100))
 
 # %% [markdown]
-# On CUDA the loss is float32 but its `_log_softmax` ran in 16-bit. Autocast skips ("Op
-# Eligibility" in the AMP docs):
+# On CUDA the loss is float32 but its `_log_softmax` ran in 16-bit. Autocast skips:
 #
-# - on CUDA, calls that pass an explicit `dtype=` to an op of the `fp32_set_opt_dtype`
-#   policy. A CPU has no such policy: `torch.prod(x, 1, dtype=torch.bfloat16)` still gets
-#   its input cast to float32 there (`KERNEL_CPU(prod, dim_int, fp32)`);
 # - in-place ops (`x.exp_()`, `c.addmm_(a, b)`) and calls with `out=`;
-# - float64 tensors, and tensors that are not floating point.
+# - float64 tensors, and tensors that are not floating point;
+# - on CUDA, calls that pass an explicit `dtype=` to an op of the `fp32_set_opt_dtype`
+#   policy.
 #
-# Each, traced next to the call that autocast does handle:
+# The AMP docs ("Op Eligibility") say the last of every device; a CPU has no such policy,
+# and still casts the input of `prod(x, 1, dtype=x.dtype)` to float32 (the last line). Each,
+# traced next to a call that autocast does handle:
 
 # %%
 print(probe_table(["mm(a, b)", "mm(a, b, out=c)", "addmm(c, a, b)", "c.addmm_(a, b)",
-                   "mm(a64, b64)", "exp(x)", "x.exp_()"], dtype))
+                   "mm(a64, b64)", "exp(x)", "x.exp_()"], dtype, width=100))
+prod = partial(torch.prod, torch.randn(4, 16).to(dtype), 1, dtype=dtype)
+print("prod(x, 1, dtype=x.dtype) on the CPU:", trace_fn(prod, device="cpu", dtype=dtype).oneline())
 
 # %% [markdown]
 # ## "Reductions stay float32"?
@@ -320,77 +324,24 @@ print(probe_table(["sum(x)", "mean(x)"], dtype))
 # On CUDA, `sum` is on the float32 list (so are `prod`, `cumsum` and the norms) and comes out
 # float32, with no separate cast (autocast sets its `dtype=`); `mean` is on no list and stays
 # 16-bit. On a CPU both stay 16-bit. A trace shows the dtype each op returns, not how its
-# kernel accumulates inside. (`python -m amp_lessons selfcheck` checks this lesson's CUDA
-# statements on real traces where there is a CUDA GPU.)
+# kernel accumulates inside.
 #
 # ## Apple GPUs (MPS)
 #
 # Autocast on MPS came in torch 2.5 for float16
 # ([pytorch#99272](https://github.com/pytorch/pytorch/pull/99272)) and 2.6 for bfloat16
 # ([pytorch#139390](https://github.com/pytorch/pytorch/pull/139390), macOS 14 or later); its
-# lists are the `AutocastMPS` block of `autocast_mode.cpp`. This course has not run on Apple
-# hardware; the column below is the replay:
+# lists are the `AutocastMPS` block of `autocast_mode.cpp`. The column below is a replay that
+# no Apple hardware has checked:
 
 # %%
 mps_columns = [device, "mps (simulated)"]
 print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "cross_entropy(x, y)"],
-                  dtype, mps_columns))
+                  dtype, mps_columns, width=100))
 
 # %% [markdown]
 # On MPS each float32 op gets its own cast, with no `dtype=` shortcut: autocast casts
 # `cross_entropy`'s log-softmax input up, and the named dtype casts it back.
-#
-# ## Weights and gradients stay float32; backward runs outside
-#
-# `trace_model(..., backward="outside")` calls `loss.backward()` after the `with` block, as
-# the card says, and traces the backward pass too. **Predict**: what dtype will each `.grad`
-# have, given that the matmuls ran in 16-bit?
-
-# %%
-mlp, x, y, loss_fn = example("card_model", device)
-mlp_backward = trace_model(mlp, x, y, loss_fn, dtype=dtype, backward="outside")
-for name, p in mlp.named_parameters():
-    print(f"{name:<9} parameter {p.dtype}   grad {p.grad.dtype}")
-
-# %% [markdown]
-# The backward pass ran its matmuls in 16-bit as well (the `(backward)` row): with autocast
-# off, each backward op runs in the dtype its forward op chose. Every cast, listed below: a
-# forward cast of a tensor that needs a gradient has a backward, a cast the other way
-# (`autograd`), so a weight's gradient arrives in float32; the input `x` needs no gradient,
-# and its cast has none.
-
-# %%
-print(mlp_backward.summary(), "\n")
-for r in mlp_backward.casts:
-    print(f"{r.module:<10} {short(r.inputs[0])} -> {short(r.dtype)}  {str(list(r.shape)):<10} {r.cast_by}")
-
-# %% [markdown]
-# ## What if backward is called inside the context?
-#
-# The card says to call `backward()` outside. What changes if you don't? Run the block
-# twice from the same weights, once with `loss.backward()` after the `with` block and once
-# inside it, and compare the backward ops and the gradients.
-
-# %%
-from amp_lessons.trace import differences
-
-block_out, xb, yb, block_loss = example("TransformerBlock", device)
-block_in, *_ = example("TransformerBlock", device)
-outside = trace_model(block_out, xb, yb, block_loss, dtype=dtype, backward="outside")
-inside = trace_model(block_in, xb, yb, block_loss, dtype=dtype, backward="inside")
-diff = differences(outside, inside, module="(backward)")
-grads = [(a.grad, b.grad) for a, b in zip(block_out.parameters(), block_in.parameters())]
-print("backward ops that differ, inside vs outside:", len(diff))
-print("\n".join(diff[:4]) or "(none)")
-print("identical gradients:", all(torch.equal(a, b) for a, b in grads),
-      "| gradient dtypes:", {b.dtype for _, b in grads})
-
-# %% [markdown]
-# What changed (on a CPU, nothing) follows this device's lists, not a rule: called inside
-# the context, `backward()` runs with autocast on, and autocast acts on the ops of its
-# lists there. The next two
-# sections show gradients that do depend on it: in the first, calling it outside keeps a
-# region float32; in the second, it breaks a custom function until that is decorated.
 #
 # ## A region that must run in float32: `autocast(enabled=False)`
 #
@@ -426,10 +377,53 @@ with torch.autocast(device, dtype=dtype):
 print("head(h.float()):", out.dtype)
 
 # %% [markdown]
-# The region's forward ran in float32. Its backward runs in float32 only if autocast is off
-# when it runs: called inside the context, autocast is on again, and the backward matmuls
-# of `head` are on its list. **Predict**: does `head`'s weight gradient depend on where
-# `backward()` is called?
+# ## Weights, gradients, and where `backward()` runs
+#
+# `trace_model(..., backward="outside")` calls `loss.backward()` after the `with` block, as
+# the card says, and traces the backward pass too. **Predict**: what dtype will each `.grad`
+# have, given that the matmuls ran in 16-bit?
+
+# %%
+mlp, x, y, loss_fn = example("card_model", device)
+mlp_backward = trace_model(mlp, x, y, loss_fn, dtype=dtype, backward="outside")
+for name, p in mlp.named_parameters():
+    print(f"{name:<9} parameter {p.dtype}   grad {p.grad.dtype}")
+
+# %% [markdown]
+# The backward pass ran its matmuls in 16-bit as well (the `(backward)` row): with autocast
+# off, each backward op runs in the dtype its forward op chose. Every cast, listed below: a
+# forward cast of a tensor that needs a gradient has a backward, a cast the other way
+# (`autograd`), so a weight's gradient arrives in float32; the input `x` needs no gradient,
+# and its cast has none.
+
+# %%
+print(mlp_backward.summary(), "\n")
+for r in mlp_backward.casts:
+    print(f"{r.module:<10} {short(r.inputs[0])} -> {short(r.dtype)}  {str(list(r.shape)):<10} {r.cast_by}")
+
+# %% [markdown]
+# Called inside the context, `backward()` runs with autocast on, and autocast acts on the
+# ops of its lists there. The transformer block, twice from the same weights, with
+# `loss.backward()` after the `with` block and inside it:
+
+# %%
+from amp_lessons.trace import differences
+
+block_out, xb, yb, block_loss = example("TransformerBlock", device)
+block_in, *_ = example("TransformerBlock", device)
+outside = trace_model(block_out, xb, yb, block_loss, dtype=dtype, backward="outside")
+inside = trace_model(block_in, xb, yb, block_loss, dtype=dtype, backward="inside")
+diff = differences(outside, inside, module="(backward)")
+grads = [(a.grad, b.grad) for a, b in zip(block_out.parameters(), block_in.parameters())]
+print("backward ops that differ, inside vs outside:", len(diff))
+print("\n".join(diff[:4]) or "(none)")
+print("identical gradients:", all(torch.equal(a, b) for a, b in grads),
+      "| gradient dtypes:", {b.dtype for _, b in grads})
+
+# %% [markdown]
+# What changes follows this device's lists (for the block on a CPU, nothing). The float32
+# region above does change: its forward ran in float32, but called inside the context, its
+# backward matmuls are on autocast's list again:
 
 # %%
 def head_weight_grad(backward_inside: bool) -> torch.Tensor:
@@ -450,11 +444,10 @@ print("head.weight.grad identical, backward inside vs outside:",
 # %% [markdown]
 # ## Custom autograd functions: `custom_fwd` and `custom_bwd`
 #
-# A custom `torch.autograd.Function` has a `backward` that you write, and autograd calls it
-# wherever `loss.backward()` is called: outside the context, autocast is off there. Here is
-# a plain matmul as a custom function, with no autocast decorators. **Predict**: under
-# autocast, which dtype reaches `backward` as `grad`, and which dtype does the saved `b`
-# have?
+# Autograd calls the `backward` you write for a `torch.autograd.Function` wherever
+# `loss.backward()` is called. A plain matmul as a custom function, with no autocast
+# decorators. **Predict**: under autocast, which dtype reaches `backward` as `grad`, and
+# which dtype does the saved `b` have?
 
 # %%
 class PlainMatmul(torch.autograd.Function):
@@ -490,11 +483,10 @@ with torch.autocast(device, dtype=dtype):
 print("out", out.dtype, "| a.grad", a.grad.dtype, "| b.grad", b.grad.dtype)
 
 # %% [markdown]
-# Code that works only when `backward()` is called in one place is fragile. The fix is
-# two decorators, used together: `torch.amp.custom_fwd(device_type=...)` records the
-# autocast state of the forward, and `torch.amp.custom_bwd(device_type=...)` runs
-# `backward` in that state, wherever `backward()` is called (`custom_bwd` alone raises an
-# `AttributeError`: the state it reads is set by `custom_fwd`).
+# The fix is two decorators, used together: `torch.amp.custom_fwd(device_type=...)`
+# records the autocast state of the forward, and `torch.amp.custom_bwd(device_type=...)`
+# runs `backward` in that state, wherever `backward()` is called (`custom_bwd` alone raises
+# an `AttributeError`: the state it reads is set by `custom_fwd`).
 
 # %%
 class AmpMatmul(torch.autograd.Function):
@@ -567,13 +559,11 @@ autocast_explorer(device, precision=dtype)
 # ## Watch out
 #
 # - `torch.autocast(device, enabled=False)` casts nothing: tensors from the autocast region
-#   stay 16-bit. A matmul then raises a dtype mismatch, but a softmax runs on in 16-bit
-#   without a word: call `.float()` on them.
+#   stay 16-bit. A matmul of one with a float32 weight then raises a dtype mismatch, but a
+#   softmax runs on in 16-bit without a word: call `.float()` on them.
 # - A custom function whose `backward` only works when `backward()` is called inside the
-#   context has a latent dtype bug; `custom_fwd` and `custom_bwd` together fix it
-#   (`custom_bwd` alone raises `AttributeError`).
-# - What runs in 16-bit depends on the device: trace on the device you train on, or replay
-#   its lists with `simulate=True`, which is not a run.
+#   context has a latent dtype bug; `custom_fwd` and `custom_bwd` together fix it.
+# - What runs in 16-bit depends on the device: trace on the device you train on.
 #
 # ## Exercise: predict the dtype
 #
@@ -609,11 +599,13 @@ check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype
 # What this lesson says that the cells above do not compute, or compute only in a replay:
 #
 # - The autocast lists of each device type, `binary_cross_entropy`'s ban on CUDA, and the
-#   `promote` and `fp32_set_opt_dtype` policies: `aten/src/ATen/autocast_mode.cpp` (the
-#   `AutocastCUDA`, `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP
-#   docs' "Autocast Op Reference" (`docs/source/amp.md`).
-# - The calls autocast skips (in-place, `out=`, float64; on CUDA an explicit `dtype=`):
-#   "Op Eligibility" in `docs/source/amp.md`.
+#   `promote` (CPU: `cat`, `stack`, `index_copy`; CUDA: `dot`, `cross` and others) and
+#   `fp32_set_opt_dtype` policies: `aten/src/ATen/autocast_mode.cpp` (the `AutocastCUDA`,
+#   `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP docs' "Autocast
+#   Op Reference" (`docs/source/amp.md`).
+# - The calls autocast skips (in-place, `out=`, float64, an explicit `dtype=`): "Op
+#   Eligibility" in `docs/source/amp.md`, which says it of every device (the `prod` line
+#   above is the CPU's exception).
 # - `cross_entropy` as `log_softmax(x, 1, dtype=x.dtype)` then `nll_loss`:
 #   `cross_entropy_loss` in `aten/src/ATen/native/LossNLL.cpp`; a float16 CUDA softmax read
 #   directly (`half_to_float`): `softmax` in `aten/src/ATen/native/SoftMax.cpp`.

@@ -684,6 +684,20 @@ def test_probe_table_shows_each_device_side_by_side():
         probe("softmax", torch.float16, "cpu")
 
 
+def test_tables_wrap_long_chains_to_the_width_and_keep_every_word():
+    names = ["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"]
+    devices = ["cpu", "mps (simulated)"]
+    whole = probe_table(names, torch.bfloat16, devices)
+    wrapped = probe_table(names, torch.bfloat16, devices, width=80)
+    assert max(map(len, whole.splitlines())) > 80 >= max(map(len, wrapped.splitlines()))
+    assert len(wrapped.splitlines()) > len(whole.splitlines())
+    assert sorted(wrapped.split()) == sorted(whole.split())  # wrapped, nothing lost
+    assert wrapped.splitlines()[2].startswith(" " * len("softmax(x, dtype=x.dtype)"))
+    tr = trace_model(*example("card_model", "cpu"), dtype=torch.bfloat16, backward="outside")
+    lines = tr.summary().splitlines()
+    assert max(map(len, lines)) <= 100 and any("mm x3" in line for line in lines)
+
+
 def test_lesson_dtype_is_lesson_00s_recommendation_or_autocasts_default():
     from dataclasses import replace
 
@@ -745,8 +759,10 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
         if "right" not in finding:
             assert short(dtype) not in finding and "fp32" not in finding, finding
     gn = next(f for f in verdict.findings if f.startswith("native_group_norm"))
-    assert "Rule 3" in gn and "dtype its inputs gave it" in gn and "follows its input" in gn
+    assert "Rule 3" in gn and "dtype its inputs gave it" in gn and "normalization's weight" in gn
     assert "fp32" not in gn
+    (lsm,) = [f for f in verdict.findings if f.startswith("_log_softmax")]
+    assert "Rule 3" in lsm and "normalization" not in lsm and "float32 list" not in lsm
     conv = next(f for f in verdict.findings if f.startswith("convolution"))
     assert "Rule 1" in conv and "lower-precision list" in conv
     assert sum("right" in f for f in verdict.findings) == 2
@@ -767,6 +783,10 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
     cuda = trace_model(*dtype_exercise("cpu"), dtype=dtype, device="cuda", simulate=True)
     hint = check_dtype_predictions({"native_group_norm": short(dtype)}, cuda, ops=None).findings[0]
     assert "Rule 2" in hint and "cuda (simulated)'s float32 list" in hint
+    # CUDA's nll_loss is on the float32 list, but its input came float32 from log_softmax
+    (nll,) = check_dtype_predictions({"nll_loss_forward": short(dtype)}, cuda, ops=None).findings
+    assert "Rule 3" in nll and "float32 list whose inputs need no cast" in nll
+    assert "normalization" not in nll and "fp32" not in nll
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=short)

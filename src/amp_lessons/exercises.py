@@ -124,9 +124,15 @@ def _rule_hint(op: str, record, device: str) -> str:
     if record.rule == 2:
         return (f"{op}: not yet. Rule 2 decided this one: autocast stepped in for it. What does "
                 f"autocast do with ops on {device}'s float32 list?")
-    return (f"{op}: not yet. Rule 3 decided this one: autocast left it alone on {device}, so it "
-            "ran in the dtype its inputs gave it (a normalization follows its input, not its "
-            "float32 weight). Which dtype did the op before it produce?")
+    why = f"autocast left it alone on {device}"
+    if record.already_fp32:  # on a float32 list or on none: autocast had nothing to cast
+        why += (" (an op on no list is left alone, and so is an op on the float32 list whose "
+                "inputs need no cast)")
+    hint = (f"{op}: not yet. Rule 3 decided this one: {why}, so it ran in the dtype its inputs "
+            "gave it. Which dtype did the op before it produce?")
+    if "norm" in op:
+        hint += " (The lesson's cell with no autocast shows what a normalization's weight does.)"
+    return hint
 
 
 def _parse_guess(op: str, guess):

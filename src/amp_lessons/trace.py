@@ -31,6 +31,7 @@ import contextlib
 import difflib
 import html
 import re
+import textwrap
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -160,6 +161,39 @@ class ModuleRow:
         return self.to_fp32 + self.already_fp32
 
 
+WIDTH = 100  # the widest line of a text table: wider ones wrap in Jupyter and Colab
+
+
+def _wrap(text: str, limit: int) -> list[str]:
+    glued = re.sub(r" (x\d)", "\0\\1", text)  # "mm x3" stays on one line
+    lines = textwrap.wrap(glued, limit, break_long_words=False, break_on_hyphens=False)
+    return [line.replace("\0", " ") for line in lines] or [""]
+
+
+def _grid(head: list[str], rows: list[list[str]], width: int | None = WIDTH) -> str:
+    """Left-aligned columns two spaces apart, at most ``width`` characters a line where the
+    words allow (``None``: no limit): the first column stays whole, the others wrap at
+    spaces onto more lines."""
+    natural = [max(len(x) for x in col) for col in zip(head, *rows)]
+    if width is None:
+        width = sum(natural) + 2 * (len(natural) - 1)
+    room = width - natural[0] - 2 * (len(natural) - 1)
+    limits, rest = {}, sorted(range(1, len(natural)), key=natural.__getitem__)
+    for n, j in enumerate(rest):  # the narrow columns keep their width, the wide share the room
+        share = room // (len(rest) - n)
+        limits[j] = min(natural[j], max(share, 1))
+        room -= limits[j]
+    cells = [[[c] if j == 0 else _wrap(c, limits[j]) for j, c in enumerate(row)]
+             for row in [head, *rows]]
+    widths = [max(len(line) for row in cells for line in row[j]) for j in range(len(natural))]
+    lines = []
+    for row in cells:
+        for k in range(max(len(c) for c in row)):
+            lines.append("  ".join((c[k] if k < len(c) else "").ljust(w)
+                                   for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
 def _counted(names) -> str:
     if not names:
         return "-"
@@ -282,13 +316,12 @@ class Trace:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """Per module: casts, 16-bit ops, ops autocast put in float32, ops already float32."""
+        """Per module: casts, 16-bit ops, ops autocast put in float32, ops already float32
+        (a long list wraps onto more lines)."""
         head = ["module", "type", "casts", "ran 16-bit", "autocast -> fp32", "already fp32"]
         rows = [[m.name, m.type, str(m.casts), _counted(m.low), _counted(m.to_fp32),
                  _counted(m.already_fp32)] for m in self.modules()]
-        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-                         for cells in [head, *rows])
+        return _grid(head, rows)
 
     def oneline(self) -> str:
         """The computing ops and casts as ``op->dtype``, e.g. ``_to_copy->fp32 _softmax->fp32``."""
@@ -804,7 +837,7 @@ def lesson_dtype(report=None) -> torch.dtype:
 
 # --- single calls, on the learner's device and simulated ------------------------------------
 
-PROBE_INPUTS = ("x: a 16-bit (4, 16) activation; y: int64 class indices; "
+PROBE_INPUTS = ("x: a 16-bit (4, 16) activation; y: int64 class indices\n"
                 "a, b, c: float32 (4, 16), (16, 8), (4, 8); a64, b64: float64")
 
 
@@ -888,15 +921,14 @@ def _wheres(devices) -> list[tuple[str, bool]]:
     return out
 
 
-def probe_table(names=PROBES, dtype=torch.bfloat16, devices=None) -> str:
+def probe_table(names=PROBES, dtype=torch.bfloat16, devices=None, width: int | None = None) -> str:
     """02: each call of ``names`` traced on each of ``devices``, side by side, as ``op->dtype``.
 
     ``devices``: names, a name ending in ``"(simulated)"`` is replayed (``"cuda (simulated)"``);
-    default: this machine's device and ``"cuda (simulated)"``.
+    default: this machine's device and ``"cuda (simulated)"``. ``width``: the widest line,
+    long chains wrapping onto more lines (default: no limit).
     """
     wheres = _wheres(devices)
     head = ["call", *(f"{d} (simulated)" if s else d for d, s in wheres)]
     rows = [[name, *(_cell(name, dtype, d, s) for d, s in wheres)] for name in names]
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-                     for cells in [head, *rows])
+    return _grid(head, rows, width)
