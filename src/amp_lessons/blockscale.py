@@ -488,12 +488,13 @@ def block_kernel_skip(device) -> str | None:
     Hopper instead: :data:`HARDWARE`.) The check is written for CUDA; on ROCm it is not run."""
     dev = torch.device(device)
     if dev.type != "cuda":
-        return f"MX and NVFP4 block-scaled kernels run on CUDA GPUs of compute capability 10.0+; this is {dev.type}"
+        return (f"this check runs torch's MXFP8 kernel on an NVIDIA GPU of compute capability 10.0+ (Blackwell); "
+                f"this is {dev.type}")
     if torch.version.hip is not None:
         return "this check is written for CUDA's MXFP8 kernel; on ROCm it is not run"
     cc = torch.cuda.get_device_capability(dev)
     if cc < (10, 0):
-        return (f"MXFP8 and NVFP4 kernels need compute capability 10.0+ (Blackwell); this GPU is "
+        return (f"this check runs torch's MXFP8 kernel on compute capability 10.0+ (Blackwell); this GPU is "
                 f"{cc[0]}.{cc[1]}")
     if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType") or as_float8_e8m0(torch.zeros(1, dtype=torch.uint8)) is None:
         return f"torch {torch.__version__} has no F.scaled_mm with block scales (or no float8_e8m0fnu)"
