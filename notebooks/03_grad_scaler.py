@@ -93,7 +93,7 @@ print(LESSON_SETTINGS, f"| loss = cross-entropy x 2^{math.log2(LOSS_WEIGHT):.0f}
 # %% [markdown]
 # ## Step 0, the same batch, three precisions
 #
-# `first_step_gradients` runs step 0 (same weights, same batch) and keeps every weight
+# `first_step_gradients` runs step 0 (same weights, same batch) and keeps every parameter's
 # gradient, in float32 after the backward pass, divided by the loss scale if there is one.
 # Comparing two precisions value by value, `flush_report` counts the gradients float32
 # computed as nonzero that the other precision made exactly zero.
@@ -114,7 +114,8 @@ print(flush_report(fp32, fp16, "fp16"))
 # over the batch of its input times the gradient flowing back, so it is exactly zero when no
 # example has both nonzero: among others, the weights that read a pixel blank in the whole
 # batch (lesson 01 counted them), and those of a unit whose ReLU was off for every example.
-# Everything fp16 adds to that is lost to its range. Why?
+# Everything fp16 adds to that is lost to its range: the fp16 + GradScaler report below runs
+# the same fp16 forward and adds none. Why?
 # Compare the sizes. (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's
 # smallest subnormal, rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
@@ -290,10 +291,11 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 # with no warning or log otherwise (`_maybe_opt_step` in `torch/amp/grad_scaler.py`; the
 # cell below records warnings around a skipped step). A fused optimizer (`fused=True`) is the
 # exception: GradScaler calls its `step()` every time and the optimizer skips the update
-# itself (`_step_supports_amp_scaling`, same file). Three signs, all readable in your own
-# loop, hold either way: the scale after
-# `update()` is lower than before it; the optimizer's own step count (Adam's
-# `state[p]["step"]`) did not move; the weights did not change.
+# itself (`_step_supports_amp_scaling`, same file; fused Adam takes `found_inf` back off its
+# step count, `_fused_adam` in `torch/optim/adam.py`). Three signs, all readable in your own
+# loop, hold either way: the scale after `update()` is lower than before it (with one
+# optimizer per scaler: `update()` counts an inf found for any of them); the optimizer's own
+# step count (Adam's `state[p]["step"]`) did not move; the weights did not change.
 
 # %%
 from amp_lessons.training import History
@@ -418,8 +420,8 @@ fresh.load_state_dict(state)
 print(f"after load_state_dict: {fresh.get_scale():g}")
 
 # %% [markdown]
-# Without it, a resumed run starts again at 65536: this run, whose scale had settled lower,
-# would skip its first steps again (a run whose scale had grown above 65536 would instead
+# Without it, a resumed run starts again at 65536: for this run, whose scale had settled
+# lower, that is above where its gradients fit, and it skips again, as its steps 0-1 did (a run whose scale had grown above 65536 would instead
 # start lower and grow back). The
 # `Trainer` saves the scaler with the model, optimizer, scheduler, RNG and history;
 # **predict**: does a run resumed halfway end exactly where an uninterrupted one does?
@@ -469,8 +471,9 @@ from amp_lessons.widgets import scale_figure
 scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 
 # %% [markdown]
-# Its title counts what a short interval costs: the scale keeps growing into an overflow and
-# halving back, a skipped step each time.
+# Its title counts the skipped steps: the first ones bring 2^20 down to where the gradients
+# fit; after that, a short interval keeps growing the scale into an overflow and halving
+# it back, a skipped step each time.
 
 # %% [markdown]
 # ## Remember
@@ -480,10 +483,10 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   divides them again in float32 before the step.
 # - `scaler.step(opt)` skips a step whose gradients hold inf/NaN, `scaler.update()`
 #   halves the scale after it and doubles it after `growth_interval` clean steps.
-# - A skipped step leaves the weights and the optimizer's step count as they were: the
-#   scale dropping is how you see it.
-# - bf16 has float32's range: for this network's gradients no flushed values and no
-#   scaler. It too rounds to 0 at or below half its own smallest subnormal (≈9e-41, printed
+# - A skipped step leaves the weights and the optimizer's step count as they were: with one
+#   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
+# - bf16 has float32's range: for this network's gradients none lost to its range (one made
+#   0 by its rounding) and no scaler. It too rounds to 0 at or below half its own smallest subnormal (≈9e-41, printed
 #   above).
 #
 # ## Watch out
@@ -492,9 +495,10 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   A scale that keeps falling most likely means inf/NaN at any scale: look at the data and
 #   the lr.
 # - Step the lr scheduler only when the step was not skipped. PyTorch warns ("Detected
-#   call of `lr_scheduler.step()` before `optimizer.step()`") only when the very first
-#   step is skipped (and not at all for a `fused=True` optimizer, whose `step()` always
-#   runs); every later skip moves the schedule ahead of the training silently.
+#   call of `lr_scheduler.step()` before `optimizer.step()`") only at the scheduler's first
+#   step, when no `optimizer.step()` has run yet: in a loop in the right order, only when
+#   the very first step is skipped (and never for a `fused=True` optimizer, whose `step()`
+#   always runs). Every later skip moves the schedule ahead of the training silently.
 # - Save and load `scaler.state_dict()` with your checkpoints.
 # - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
 #   warns and disables itself. Pass the device: `torch.amp.GradScaler(device.type)`.

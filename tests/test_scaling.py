@@ -55,8 +55,8 @@ def test_flush_report_counts_values_lost_against_the_reference():
     assert (r.total, r.zero_reference, r.zero_other, r.flushed) == (6, 2, 3, 2)
     assert r.flushed_fraction == pytest.approx(2 / 4)
     assert str(r) == (
-        "6 gradient values; exactly zero: fp32 ≈33.3%, fp16 ≈50.0%; fp16 flushed ≈2 of fp32's ≈4 "
-        "nonzero values (≈50.0%)"
+        "6 gradient values; exactly zero: fp32 ≈33.3%, fp16 ≈50.0%; fp16 made ≈2 of fp32's ≈4 "
+        "nonzero values exactly zero (≈50.0%)"
     )
     with pytest.raises(ValueError, match="differ in shape"):
         flush_report(ref, other[:3])
@@ -248,8 +248,8 @@ def test_flush_report_counts_and_its_text():
     r = flush_report(ref, other, "fp16")
     assert (r.total, r.zero_reference, r.zero_other, r.flushed) == (4, 1, 3, 2)
     assert r.flushed_fraction == 2 / 3
-    assert str(r) == ("4 gradient values; exactly zero: fp32 ≈25.0%, fp16 ≈75.0%; fp16 flushed "
-                      "≈2 of fp32's ≈3 nonzero values (≈66.7%)")
+    assert str(r) == ("4 gradient values; exactly zero: fp32 ≈25.0%, fp16 ≈75.0%; fp16 made "
+                      "≈2 of fp32's ≈3 nonzero values exactly zero (≈66.7%)")
     assert flush_report(torch.zeros(2), torch.zeros(2)).flushed_fraction == 0.0
 
 

@@ -107,8 +107,8 @@ class FlushReport:
         # Which values come out as zero depends on float kernels: the shares print with ≈.
         nonzero = self.total - self.zero_reference
         return (f"{self.total:,} gradient values; exactly zero: fp32 {measured(self.zero_reference / self.total, '.1%')}, "
-                f"{self.name} {measured(self.zero_other / self.total, '.1%')}; {self.name} flushed "
-                f"{measured(self.flushed, ',')} of fp32's {measured(nonzero, ',')} nonzero values "
+                f"{self.name} {measured(self.zero_other / self.total, '.1%')}; {self.name} made "
+                f"{measured(self.flushed, ',')} of fp32's {measured(nonzero, ',')} nonzero values exactly zero "
                 f"({measured(self.flushed_fraction, '.1%')})")
 
 
