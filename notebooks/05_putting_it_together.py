@@ -85,7 +85,7 @@ for p, why in why_not.items():
 # One small MLP on the 8x8 handwritten digits, trained through the course's `Trainer`
 # in each of them: fp32, bf16 (no scaler), fp16 with a `GradScaler`, and tf32 where it
 # exists. Every run starts from the same weights and sees the same batches; the runs take
-# their optimizer steps in turn, so a busy machine slows them all alike.
+# their optimizer steps in turn, so no run has a quiet or a busy minute to itself.
 #
 # **Predict**: will the 16-bit runs reach a lower test accuracy than fp32? Which run will
 # take the least time per step?
@@ -115,7 +115,8 @@ for p, run in result.runs.items():
 
 # %% [markdown]
 # `Trainer.evaluate` runs the test set under the same autocast as training, inside
-# `torch.no_grad()`: no backward, so no GradScaler and no saved activations. Its logits:
+# `torch.no_grad()`: no backward, so no GradScaler and no saved activations. The same
+# autocast on the trained models, by hand:
 
 # %%
 from amp_lessons.precision import dtype_of
@@ -130,7 +131,8 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
 
 # %% [markdown]
 # `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). The figure's lower
-# right panel stacks everything a training step holds; only the activations shrink:
+# right panel stacks what a training step holds through its backward pass (short-lived
+# temporaries aside); only the activations shrink:
 
 # %%
 from amp_lessons import plots
@@ -155,9 +157,10 @@ for p, run in result.runs.items():
 
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
-# that remain belong to the loss: autocast casts the logits to float32 for it (lesson 02),
-# and its `log_softmax` saves its float32 output. The labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU; a GPU's
-# autocast lists can differ, lesson 02), and the card's claim against it:
+# that remain belong to the loss: on a CPU autocast casts the logits to float32 for it, and
+# its `log_softmax` saves its float32 output (on CUDA it runs in 16 bits, lesson 02). The
+# labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU), and the
+# card's claim against it:
 
 # %%
 for p in result.runs:
@@ -181,9 +184,8 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
           f"{kept.by_dtype.get('float32', 0) / kept.activation_bytes:.0%} of them float32")
 
 # %% [markdown]
-# Which layers save those float32 bytes? `saved_by_layer` runs the same hook, noting which
-# of the block's layers was running when each activation was saved (the 16-bit weight
-# copies left out, as above):
+# Which layers save those float32 bytes? `saved_by_layer` runs the same hook per layer
+# (weight copies left out):
 
 # %%
 from amp_lessons.measure import saved_by_layer
@@ -233,9 +235,10 @@ print(big.table())
 print("\n".join(big.fits_lines()))
 
 # %% [markdown]
-# A larger batch shrinks the weights' share, but the ratio only grows towards fp32's
-# activation bytes per example over 16 bits', and the loss's float32 bytes and the labels'
-# int64 do not halve:
+# Where the 16-bit weight copies outweigh the activation bytes saved, a 16-bit step holds
+# more than fp32's (the total column). A larger batch shrinks the weights' share, but the
+# ratio only grows towards fp32's activation bytes per example over 16 bits': the loss's
+# float32 bytes and the labels' int64 do not halve:
 
 # %%
 limits = {f"{label} {p}": c.ratio_limit(p) for label, c in (("digits MLP", cost), ("bench MLP", big)) for p in low}
@@ -244,30 +247,22 @@ print(check("at no batch does a 16-bit step of these MLPs fit twice fp32's batch
             "the limits: " + ", ".join(f"{k} {r:.3f}x" for k, r in limits.items())))
 
 # %% [markdown]
-# On a GPU, `doubled_batch` also reads the allocator's peak of one real step, short-lived
-# tensors included:
-
-# %%
-print(cost.peak_line())
-
-# %% [markdown]
 # ## Speed: "2-3x faster"
 #
 # **Predict**: the card says 2-3x *on modern GPUs*. What will the ratio be on the device
 # this notebook runs on?
 #
-# The digits runs' median milliseconds per optimizer step, their speed against fp32
-# (above 1 is faster), and the matmul work they got done per second. Timings change from
-# run to run (the `≈`, here and in the bench below):
+# The digits runs' median ms per optimizer step, speed against fp32 (above 1 is faster) and
+# matmul rate; timings change from run to run (the `≈`):
 
 # %%
 print(result.speed_table())
 
 # %% [markdown]
-# The matrix multiplications are the part of a training step that 16 bits speeds up most.
-# The bench runs a larger MLP and a matmul microbenchmark, every precision side by side.
-# Its table is collapsed below; the verdicts after it set both MLPs against the card's
-# 2-3x, with the reasons read from the measurements and this device's hardware report:
+# The bench runs a larger MLP and a matmul microbenchmark, every precision side by side;
+# its ms/step times the card's step alone (`bench.make_step`: forward, loss, backward,
+# AdamW). Its table is collapsed below; the verdicts after it set both MLPs against the
+# card's 2-3x, with reasons read from the measurements and this device's hardware report:
 
 # %% jupyter={"outputs_hidden": true}
 # NBVAL_IGNORE_OUTPUT
@@ -284,23 +279,16 @@ for p in [p for p in result.runs if p != "fp32"]:
 print("And for both steps:")
 print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate, amdahl=False)))
 
-# %% [markdown]
-# The memory column of the same table does not move from run to run. The larger MLP's
-# activation bytes, against fp32:
-
-# %%
-{p: round(b.row("mlp", p).activation_ratio, 2) for p in runnable}
-
 # %%
 plots.matmul_rates(b)
 
 # %% [markdown]
-# **Tensor cores** (NVIDIA: fp16 from Volta on, bf16 from Ampere on) and **AMX tile units**
-# (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) multiply 16-bit
-# matrices several times faster than float32: the card's 2-3x comes from them. A CPU with
-# AVX512-BF16 but no AMX runs bf16 dot products on its vector units; without either, bf16
-# math is converted in software. fp16 on a CPU is as fast as the torch build's kernel for
-# it. `python -m amp_lessons bench` prints the same table from a terminal.
+# The card's 2-3x is PyTorch's AMP recipe's figure for GPUs with **tensor cores** (NVIDIA:
+# fp16 from Volta on, bf16 from Ampere on). On an x86 CPU the 16-bit matmul hardware is
+# **AMX tiles** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) or, for
+# bf16, the AVX512-BF16 dot-product instruction on its vector units; the reasons above name
+# the ones this device has, and the matmul figure measures them. `python -m amp_lessons
+# bench` prints the same table from a terminal.
 #
 # ## Why not 2-3x here? Where one step's time goes
 #
@@ -320,8 +308,9 @@ print("\n".join(benchcli.breakdown_lines(b, "mlp")))
 plots.step_breakdown(b, "mlp")
 
 # %% [markdown]
-# The profiler adds a little time to every op; the categories still account for each
-# profiled step:
+# The bars are Trainer steps under the profiler; the title's speed, the same steps without
+# it ("step, no profiler"); the bench table's, `make_step` alone: three measurements, and
+# on a busy machine three ratios. The categories account for each profiled step:
 
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
@@ -331,20 +320,19 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
 
 # %% [markdown]
 # **Amdahl's law** estimates what faster matmuls alone give: with a matmul share *f* of the
-# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r) (the collapsed table's
-# last lines). It is no cap: elementwise ops on 16-bit tensors move half the bytes and run
-# faster where memory bandwidth limits them (NVIDIA's mixed-precision guide), and
-# autocast's casts add work. Per 16-bit precision the bench profiled (which ones depends on
-# the device, so the output is not compared):
+# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r). It is no cap: elementwise
+# ops on 16-bit tensors move half the bytes and run faster where memory bandwidth limits
+# them (NVIDIA's mixed-precision guide), and autocast's casts add work. Per 16-bit
+# precision the bench profiled (timings, and which ones depends on the device: not compared):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 float32_work = ("optimizer", "bookkeeping", "data")
 for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not None]:
     step = b.breakdown("mlp", p)
-    print(at_least(f"{p}: the optimizer, bookkeeping and data take at least 0.8x fp32's time (the same float32 work)",
-                   sum(step.ms[c] for c in float32_work) / sum(fp32_step.ms[c] for c in float32_work), 0.8, ".2f"))
-    print(f"{p}: the rest of the step takes {measured(step.rest_ms / fp32_step.rest_ms, '.2f')}x fp32's "
+    same = sum(step.ms[c] for c in float32_work) / sum(fp32_step.ms[c] for c in float32_work)
+    print(f"{p}: the optimizer, bookkeeping and data (float32 work in every precision) take "
+          f"{measured(same, '.2f')}x fp32's time; everything but the matmuls {measured(step.rest_ms / fp32_step.rest_ms, '.2f')}x "
           f"(casts {measured(step.ms['autocast casts'], '.2f')} ms, elementwise "
           f"{measured(step.ms['forward rest'] + step.ms['backward rest'], '.2f')} ms against fp32's "
           f"{measured(fp32_step.ms['forward rest'] + fp32_step.ms['backward rest'], '.2f')} ms)")
@@ -355,7 +343,7 @@ for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not No
 # %% [markdown]
 # So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are, and
 # how much of the step is not matmuls. The collapsed output's last table times three
-# changes that shrink the second part: `grad_stats=False` (no per-step gradient statistics,
+# changes aimed at the second part: `grad_stats=False` (no per-step gradient statistics,
 # which lessons 03 and 04 read), then `AdamW(foreach=True)` and `AdamW(fused=True)` (a few
 # large kernels instead of a loop over tensors). `python -m amp_lessons bench --breakdown
 # --compile` adds `torch.compile`.
@@ -464,7 +452,8 @@ for run in adam.values():
 # The fused kernel keeps `eps` and its arithmetic in float32, so its first step is finite;
 # but it stores `v` back in float16, where it rounds to 0. From step 2 on, `m` still
 # remembers the earlier gradients while `v` has forgotten them, and the steps grow far past
-# the learning rate:
+# the learning rate. Once the loss is NaN, so is every gradient but the exact zeros: the
+# weights still finite are the ones no step moved, whose change is 0:
 
 # %%
 for impl in ("for-loop", "foreach"):
@@ -478,6 +467,8 @@ if fused.error is None:
     print(at_least("fused: step 2 changes a weight by over 100x the learning rate",
                    fused.largest_change[1] / fused.lr, 100, ".3g"))
     print(at_least("fused: weights are inf/NaN by step 5", max(fused.nonfinite), 1, ","))
+    print(check("fused: after step 5 no weight that ever had a nonzero gradient is still finite",
+                fused.finite_with_gradient == 0))
 
 # %% [markdown]
 # ## TF32: `set_float32_matmul_precision("high")`
@@ -509,22 +500,11 @@ print(check("'high' changes this device's float32 matmul only where it has a TF3
             err.high_changes_result <= tf32_path))
 
 # %% [markdown]
-# `"high"` also asks oneDNN, the library behind many CPU matmuls, for TF32
-# (`torch.backends.mkldnn.matmul.fp32_precision`), which torch passes on only on x86 CPUs
-# with AMX-FP16 (lesson 00). What the setting asks of each backend:
-
-# %%
-before = torch.get_float32_matmul_precision()
-torch.set_float32_matmul_precision("high")
-print({"cuda": torch.backends.cuda.matmul.fp32_precision, "mkldnn": torch.backends.mkldnn.matmul.fp32_precision})
-torch.set_float32_matmul_precision(before)
-
-# %% [markdown]
-# `"medium"` is the setting to watch. On an NVIDIA GPU it means TF32, as `"high"` does
-# (PyTorch's CUDA backend has no bf16 mode for float32 matmuls). On a CPU it allows oneDNN
-# to compute float32 matmuls in bf16: torch passes that on where its bf16 check of the CPU
-# passes, and oneDNN uses it where it has a kernel for it (Sources).
-# **Predict** which error this device's float32 matmul has under `"medium"`:
+# `"medium"` is the setting to watch: on a CPU it lets oneDNN, the library behind many CPU
+# matmuls, compute a float32 model's matmuls in bf16, with bf16's 7-bit mantissa, and
+# nothing says so (where torch's bf16 check of the CPU passes and oneDNN has a kernel for
+# it; Sources). On an NVIDIA GPU it means TF32, as `"high"` does. **Predict** which error
+# this device's float32 matmul has under `"medium"`:
 
 # %%
 from amp_lessons.matmul import medium_levels
@@ -535,14 +515,8 @@ print(check("'medium' gives an error torch's source allows here (on a CPU float3
             "on an NVIDIA GPU with TF32 TF32's, each within 3x), nothing between",
             err.medium_level in medium_levels(device)))
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-print(f"here, 'medium' gives {err.medium_level}-level error")
-
 # %% [markdown]
-# Where oneDNN does take bf16, a float32 model under `"medium"` silently computes its
-# matmuls with bf16's 7-bit mantissa (on an Ampere-or-newer NVIDIA GPU, with TF32's 10
-# bits): make that trade knowingly. On such a GPU the speedup of `"high"` is measured here:
+# On an NVIDIA GPU with TF32, the speedup of `"high"`:
 
 # %%
 from amp_lessons.matmul import tf32_speedup
@@ -551,10 +525,10 @@ speedup = tf32_speedup(device=device)
 print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
 
 # %% [markdown]
-# Tensor cores also care about shapes: cuBLAS uses them best when the dimensions are
-# multiples of 16 bytes (of 8 in fp16 and bf16, of 4 in TF32), which is why nanoGPT pads
-# GPT-2's 50257 tokens to 50304. On a CUDA GPU the cell below times a 4096 matmul against a
-# 4095 one; a CPU has no tensor cores:
+# Tensor cores also care about shapes: NVIDIA's guide asks for dimensions that are
+# multiples of 16 bytes (8 fp16 or bf16 elements, 4 TF32 ones); nanoGPT pads GPT-2's 50257
+# tokens further, "up to nearest multiple of 64 for efficiency". On a CUDA GPU the cell
+# below times a 4096 matmul against a 4095 one; a CPU has no tensor cores:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -580,11 +554,12 @@ else:
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
 # - Keep master weights in float32: the lost updates above, and Adam on `.half()` weights
 #   going inf/NaN in each of its three implementations.
-# - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block keeps
-#   more: its float32 residual stream makes the layer norms save float32); the weights,
+# - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block whose
+#   residual stream is float32 keeps more: its layer norms save float32); the weights,
 #   gradients and optimizer state do not shrink, so no batch twice as large fits.
-# - The speedup comes mostly from 16-bit matmuls faster than float32's (tensor cores, AMX);
-#   Amdahl's law on the matmul share estimates it: `python -m amp_lessons bench --breakdown`.
+# - The speedup comes mostly from 16-bit matmuls faster than float32's (tensor cores, AMX,
+#   AVX512-BF16); Amdahl's law on the matmul share estimates it:
+#   `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs, and
 #   on CPUs with AMX-FP16 where oneDNN takes it; `"medium"` also allows bf16 for a CPU's
 #   float32 matmuls.
@@ -614,9 +589,9 @@ print(inspect.getsource(broken_setup))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_setup(device_type):`, fix it, and run the cell.
-# The checker inspects the dtype, the weights and the scaler, then trains five steps on the
-# digits with the card's recipe and looks for inf/NaN weights and weights that never moved.
-# As given, it checks the broken setup:
+# The checker inspects the dtype, the weights, the optimizer and the scaler, then trains
+# five steps on the digits with the card's recipe and looks for inf/NaN weights and weights
+# that never moved. As given, it checks the broken setup:
 
 # %%
 my_setup = broken_setup  # replace with your fixed copy: def my_setup(device_type): ...
@@ -639,12 +614,14 @@ check_setup(my_setup, device)
 #   (`docs/source/notes/numerical_accuracy.rst`).
 # - Which ops autocast runs in float32, per device: the Autocast Op Reference,
 #   `docs/source/amp.md` (lesson 02 traces them).
+# - The 2-3x on tensor-core GPUs: PyTorch's AMP recipe (lesson 00's Sources).
 # - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
-#   whitepapers; AMX-BF16 and AMX-FP16: Intel's Architecture Instruction Set Extensions
-#   Programming Reference.
+#   whitepapers; AMX-BF16, AMX-FP16 and AVX512-BF16's dot product (`VDPBF16PS`): Intel's
+#   Architecture Instruction Set Extensions Programming Reference.
 # - The 16-byte rule and memory-bound ops gaining from 16-bit tensors: NVIDIA's "Matrix
-#   Multiplication Background User's Guide" and "Train With Mixed Precision" guide (Deep
-#   Learning Performance docs); nanoGPT's vocabulary of 50304: karpathy/nanoGPT `model.py`.
+#   Multiplication Background User's Guide" ("Tensor Core Requirements") and "Train With
+#   Mixed Precision" guide (Deep Learning Performance docs); the vocabulary of 50304 and its
+#   comment: karpathy/nanoGPT `model.py`, `GPTConfig.vocab_size`.
 # - Adam's `foreach` and `fused`: the `torch.optim.Adam` docs; the default (foreach on
 #   CUDA, the for-loop on a CPU): `_default_to_fused_or_foreach` in
 #   `torch/optim/optimizer.py`; the fused kernel's float32 arithmetic on 16-bit tensors

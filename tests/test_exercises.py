@@ -133,13 +133,36 @@ def test_setup_checker_explains_half_with_a_scaler_and_a_scaler_without_device()
         return model, torch.optim.Adam(model.parameters()), torch.amp.GradScaler(), torch.float16
 
     text = str(check_setup(half_with_scaler, "cpu"))
-    assert "Attempting to unscale FP16 gradients" in text and "model.half() made them" in text
+    assert "Attempting to unscale FP16 gradients" in text and "which dtype are these weights" in text
+    assert "model.half()" not in text  # a question, not the answer
     if not torch.cuda.is_available():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             text = str(check_setup(no_device, "cpu"))
         assert "built for 'cuda' (what torch.amp.GradScaler() means when no device is given)" in text
         assert "float16 without a GradScaler" not in text
+
+
+def test_setup_checker_names_an_optimizer_built_on_another_model():
+    def other_params(device_type):
+        model = mlp(64, 64, 10).to(device_type)
+        return (model, torch.optim.Adam(mlp(64, 64, 10).parameters()), torch.amp.GradScaler(device_type),
+                torch.float16)
+
+    verdict = check_setup(other_params, "cpu", steps=2)
+    text = str(verdict)
+    assert not verdict.passed and "the optimizer holds none of this model's parameters" in text
+    assert "No inf checks were recorded" in text and "which parameters was the optimizer built on?" in text
+
+
+def test_setup_checker_gives_float64_weights_their_own_finding():
+    def doubled(device_type):
+        model = mlp(64, 64, 10).to(device_type).double()
+        return model, torch.optim.Adam(model.parameters()), torch.amp.GradScaler(device_type), torch.float16
+
+    text = str(check_setup(doubled, "cpu", steps=2))
+    assert "are torch.float64: the recipe keeps master weights in float32" in text
+    assert "in which dtype do small updates survive" not in text and "Adam's eps" not in text
 
 
 def test_the_broken_loop_is_refused_bug_by_bug():

@@ -116,6 +116,20 @@ def test_arm_cpu_is_not_called_emulated_by_x86_flags(monkeypatch):
     assert "without native bf16" not in report.reason and "3x float32's rate" in report.reason
 
 
+def test_the_bench_does_not_say_an_arm_cpu_converts_bf16_in_software(monkeypatch):
+    from amp_lessons import bench
+
+    simulate_cpu(monkeypatch, arch="aarch64", isa="DEFAULT", speedups={"bf16": 3.0, "fp16": 0.5})
+    result = bench.BenchResult(device="cpu", device_line="", sizes={})
+    result.machine = hardware.resolve_machine("cpu", measure=False)
+    (reason,) = bench.speed_reasons(result, "bf16")
+    assert "software" not in reason and "AVX512" not in reason and "AMX" not in reason
+    assert "does not probe the bf16 instructions of this aarch64 CPU" in reason
+    simulate_cpu(monkeypatch, isa="AVX2")  # an x86 CPU without bf16 instructions keeps its reason
+    result.machine = hardware.resolve_machine("cpu", measure=False)
+    assert "neither AMX nor AVX512-BF16" in bench.speed_reasons(result, "bf16")[0]
+
+
 @pytest.mark.parametrize("avx512_bf16, amx, row", [
     (False, False, "no bf16 instructions (converted to float32 and back)"),
     (True, False, "native instructions (AVX512-BF16 or AMX-BF16)"),

@@ -181,6 +181,10 @@ def test_half_adam_for_loop_and_foreach_make_nan_in_one_step_and_fused_later():
         assert fused.largest_change[1] > 100 * fused.lr  # and step 2 divides by the v that forgot
     line = runs["for-loop"].line()
     assert "inf/NaN" in line and line.endswith("≈nan")  # no finite weight left to have changed
+    assert runs["for-loop"].finite_with_gradient == 0
+    for r in runs.values():
+        if r.error is None:  # a subset of the weights still finite
+            assert 0 <= r.finite_with_gradient <= r.n_weights - r.nonfinite[-1]
     with pytest.raises(ValueError, match="implementation must be one of for-loop, foreach, fused"):
         half_adam(net, data, "apex")
     with pytest.raises(ValueError, match="steps must be an int >= 2"):
@@ -222,3 +226,17 @@ def test_the_exercise_checker_blames_v_not_eps_for_fused_adam_on_half_weights():
     text = str(check_setup(_setup_with(half=True, scaler=torch.amp.GradScaler("cpu", enabled=False)), "cpu",
                            steps=2))
     assert "exp_avg_sq" in text and "fused kernel" in text and "eps=" not in text
+
+
+def test_half_adam_counts_only_finite_weights_that_had_a_gradient():
+    from amp_lessons.data import Dataset
+    from amp_lessons.master import half_adam
+
+    # one Linear, input column 1 always 0: its weights get a zero gradient at every step
+    x = torch.tensor([[1.0, 0.0]] * 4)
+    net = torch.nn.Linear(2, 2)
+    data = Dataset(x, torch.tensor([0, 1, 0, 1]), x, torch.tensor([0, 1, 0, 1]), name="two columns")
+    run = half_adam(net, data, "fused", steps=2, batch_size=4, lr=1e-3)
+    if run.error is None:
+        assert run.nonfinite[-1] == 0  # a tiny, well-scaled step: all finite
+        assert run.finite_with_gradient == 4  # column 0's weights and the biases; not column 1's two

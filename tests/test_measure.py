@@ -172,7 +172,7 @@ def test_a_doubled_batch_costs_only_its_activations_and_the_fit_is_exact():
     assert 256 < n < 512  # more than fp32's batch, not twice it
     assert cost.largest_batch("fp32", budget) == 256
     (line, _) = cost.fits_lines()
-    assert line.startswith(f"in the {budget / 2**20:.2f} MB fp32 holds at batch 256, bf16 fits batch {n}, ")
+    assert line.startswith(f"in the {budget / 2**20:.2f} MiB fp32 holds at batch 256, bf16 fits batch {n}, ")
     assert line.endswith("as large: not 2x")
     assert "fp32" in cost.table() and "x2 batch" in cost.table()
     assert cost.peak_line().startswith("peak memory of a whole step: GPU only (on cpu")

@@ -689,7 +689,7 @@ def test_multi_panel_figures_stack_their_panels_with_legends_of_9_pt(side_by_sid
 
 def test_side_by_side_draws_everything_a_step_holds_not_only_the_activations(side_by_side_result):
     from amp_lessons import plots
-    from amp_lessons.measure import MB, training_memory
+    from amp_lessons.measure import MiB, training_memory
 
     result = side_by_side_result
     fig = plots.side_by_side(result)
@@ -701,7 +701,7 @@ def test_side_by_side_draws_everything_a_step_holds_not_only_the_activations(sid
     for x, p in enumerate(result.runs):
         t = result.runs[p].trainer
         batch = t.data.batch(0, t.batch_size, t.seed)
-        expected = training_memory(t.model, *batch, p, optimizer=type(t.optimizer)).total / MB
+        expected = training_memory(t.model, *batch, p, optimizer=type(t.optimizer)).total / MiB
         assert tops[x] == pytest.approx(expected, rel=1e-9), p  # the bar is the whole step
     title = fig._suptitle.get_text()
     whole = (training_memory(result.runs["bf16"].trainer.model, *batch, "bf16").total

@@ -43,9 +43,9 @@ from torch.nn import functional as F
 from . import breakdown as bd
 from .claims import measured
 from .data import Dataset
-from .hardware import Machine, resolve_machine
+from .hardware import Machine, is_x86, resolve_machine
 from .measure import (
-    MB,
+    MiB,
     SavedTensorsMeter,
     available_memory,
     cuda_peak_memory,
@@ -521,7 +521,7 @@ def _bench_model(kind, sizes, est, names, why_not, slow, dev, warmup, repeats, b
     for p in slow:  # not timed, but its memory is still measured: cheaply, on one and two examples
         try:
             mem = _memory_by_extrapolation(base, kind, sizes, dev, p)
-            rows[p].activation_mb, rows[p].weight_copy_mb = mem.activation_bytes / MB, mem.weight_copy_bytes / MB
+            rows[p].activation_mb, rows[p].weight_copy_mb = mem.activation_bytes / MiB, mem.weight_copy_bytes / MiB
         except Exception:  # the reason already says why the row did not run
             pass
     models, steps = {}, {}
@@ -530,8 +530,8 @@ def _bench_model(kind, sizes, est, names, why_not, slow, dev, warmup, repeats, b
             models[p] = copy.deepcopy(base)
             mem = saved_memory(models[p], x, y, p)
             steps[p] = make_step(models[p], p, x, y)
-            rows[p] = Row(kind, p, "ok", activation_mb=mem.activation_bytes / MB,
-                          weight_copy_mb=mem.weight_copy_bytes / MB)
+            rows[p] = Row(kind, p, "ok", activation_mb=mem.activation_bytes / MiB,
+                          weight_copy_mb=mem.weight_copy_bytes / MiB)
         except Exception as err:  # one precision failing must not stop the others
             rows[p] = _failed(kind, p, err, dev)
             models.pop(p, None)
@@ -668,6 +668,9 @@ def _hardware_reason(r, name: str) -> str:
     if r.type != "cpu":
         return f"{r.type}: the rates below were measured on it"
     if name == "bf16":
+        if not is_x86(r.cpu_arch):
+            return (f"a CPU has no tensor cores, and the course does not probe the bf16 instructions of "
+                    f"this {r.cpu_arch} CPU (some Arm CPUs have them): the matmul block measures what it does")
         if r.amx_bf16:
             return "a CPU has no tensor cores; this one has AMX tile units for bf16 matmuls"
         if r.avx512_bf16:
@@ -820,11 +823,11 @@ class SideBySide:
         """Accuracy, final loss, skipped steps and activation memory. The memory columns are
         exact byte counts; accuracy and loss come out of float kernels (``≈``, lesson 05)."""
         lines = [f"{'precision':<13}{'accuracy':>9}{'final loss':>11}{'skipped':>8}"
-                 f"{'act MB':>9}{'vs fp32':>8}{'w-copy MB':>10}"]
+                 f"{'act MiB':>9}{'vs fp32':>8}{'w-copy MiB':>11}"]
         for p, r in self.runs.items():
             label = p + (" +scaler" if needs_scaler(p) else "")
             lines.append(f"{label:<13}{measured(r.accuracy, '.2f'):>9}{measured(r.losses[-1], '.2f'):>11}"
-                         f"{r.skipped:>8}{r.activation_mb:>9.3f}{self.memory_ratio(p):>8.2f}{r.weight_copy_mb:>10.3f}")
+                         f"{r.skipped:>8}{r.activation_mb:>9.3f}{self.memory_ratio(p):>8.2f}{r.weight_copy_mb:>11.3f}")
         return "\n".join(lines)
 
     def speed_table(self) -> str:
@@ -875,6 +878,6 @@ def train_side_by_side(make_model, data, precisions=None, steps: int = 200, devi
         mem = saved_memory(t.model, x.to(dev), y.to(dev), p)
         ms = float(torch.tensor(t.history["ms"][min(5, steps - 1):]).median())
         gflops = step_flops(t.model, x, y) / (ms * 1e-3) / 1e9
-        runs[p] = Run(p, t.evaluate(), t.history["loss"], ms, mem.activation_bytes / MB,
-                      mem.weight_copy_bytes / MB, t.history.skipped, gflops, t)
+        runs[p] = Run(p, t.evaluate(), t.history["loss"], ms, mem.activation_bytes / MiB,
+                      mem.weight_copy_bytes / MiB, t.history.skipped, gflops, t)
     return SideBySide(runs, str(dev))

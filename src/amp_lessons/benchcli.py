@@ -35,10 +35,10 @@ def table(result: BenchResult, breakdown: bool = True) -> str:
     for kind, s in result.sizes.items():
         out.append(f"  {bench.describe(kind, bench.Sizes(**s))}" + (f", {s['heads']} heads" if kind == "transformer" else ""))
     out.append("")
-    head = (f"{'model':<12} {'precision':<12} {'ms/step':>8} {'speedup':>8} {'act MB':>8} "
-            f"{'act ratio':>9} {'w-copy MB':>9} {'TFLOP/s':>8}")
+    head = (f"{'model':<12} {'precision':<12} {'ms/step':>8} {'speedup':>8} {'act MiB':>8} "
+            f"{'act ratio':>9} {'w-copy MiB':>10} {'TFLOP/s':>8}")
     if any(r.peak_mb is not None for r in result.rows):
-        head += f" {'peak MB':>8}"
+        head += f" {'peak MiB':>8}"
     out.append(head)
     for r in result.rows:
         label = r.precision + (" +scaler" if r.precision == "fp16" else "")
@@ -47,11 +47,11 @@ def table(result: BenchResult, breakdown: bool = True) -> str:
             continue
         if r.status != "ok":  # not timed, memory measured
             out.append(f"{r.model:<12} {label:<12} {'-':>8} {'-':>8} {r.activation_mb:8.2f} "
-                       f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:9.2f} {'-':>8}  "
+                       f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:10.2f} {'-':>8}  "
                        f"{r.status}: {r.reason}")
             continue
         line = (f"{r.model:<12} {label:<12} {r.ms:8.1f} {_x(r.speedup):>8} {r.activation_mb:8.2f} "
-                f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:9.2f} {_num(r.tflops, '.3g'):>8}")
+                f"{_num(r.activation_ratio, '.2f'):>9} {r.weight_copy_mb:10.2f} {_num(r.tflops, '.3g'):>8}")
         if r.peak_mb is not None:
             line += f" {r.peak_mb:8.1f}"
         out.append(line)

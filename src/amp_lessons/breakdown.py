@@ -239,11 +239,8 @@ class Amdahl:
         if self.step_bound is not None:
             text += (f"; at the {self.step_matmul_ratio:.2f}x its matmuls ran in these steps, "
                      f"{self.step_bound:.2f}x")
-        measured = [f"{v:.2f}x {what}" for v, what in ((self.profiled, "profiled"),
-                                                       (self.measured, "timed without the profiler"))
-                    if v is not None]
-        if measured:
-            text += ". Measured: " + ", ".join(measured)
+        if self.measured is not None:
+            text += f". Measured (the closing table's first rows): {self.measured:.2f}x"
         if self.free_rest is not None:
             text += f". If everything but the matmuls were free: {self.free_rest:.2f}x"
         return text + "."
@@ -520,16 +517,16 @@ def make_trainer(model, data, precision: str, device, change: Change = CHANGES[0
 
 @dataclass
 class ClosingRow:
-    """One change in one precision: median ms per step, and ratios from the same rounds."""
+    """One change in one precision: median ms per step over the rounds, and ratios of those
+    medians, so that the ms and ratio columns of :meth:`Closing.table` agree."""
 
     precision: str
     label: str
     status: str = "ok"
     reason: str | None = None
     ms: float | None = None
-    gain: float | None = None             # Trainer-as-in-the-lessons ms / this ms (median of rounds)
-    gain_quartiles: tuple[float, float] | None = None
-    vs_fp32: float | None = None          # fp32 ms / this ms, same change (median of rounds)
+    gain: float | None = None             # Trainer-as-in-the-lessons ms / this ms, same precision
+    vs_fp32: float | None = None          # fp32 ms / this ms, same change
     first_step_s: float | None = None     # the first step (torch.compile compiles in it)
 
 
@@ -542,22 +539,19 @@ class Closing:
     load: tuple[float, float, float] | None = None
 
     def table(self) -> str:
-        head = (f"{'precision':<10}{'change':<28}{'ms/step':>9}{'gain':>8}{'(quartiles)':>15}"
-                f"{'vs fp32':>9}")
+        head = f"{'precision':<10}{'change':<28}{'ms/step':>9}{'gain':>8}{'vs fp32':>9}"
         out = [head]
         for r in self.rows:
             if r.status != "ok":
                 out.append(f"{r.precision:<10}{r.label:<28}{r.status}: {r.reason}")
                 continue
-            q = "-" if r.gain_quartiles is None else "{:.2f}-{:.2f}".format(*r.gain_quartiles)
-            line = (f"{r.precision:<10}{r.label:<28}{r.ms:>9.1f}{_x(r.gain):>8}{q:>15}"
-                    f"{_x(r.vs_fp32):>9}")
+            line = f"{r.precision:<10}{r.label:<28}{r.ms:>9.1f}{_x(r.gain):>8}{_x(r.vs_fp32):>9}"
             if r.first_step_s is not None and r.first_step_s > 5:
                 line += f"   (first step {r.first_step_s:.0f} s: compiling)"
             out.append(line)
         note = (f"medians of {self.rounds} interleaved rounds; a '+' row keeps grad_stats=False and "
                 "swaps the optimizer; gain = the first row's ms / this row's ms (not the row above's), "
-                "in the same round, same precision")
+                "same precision; vs fp32 = fp32's ms / this row's ms, same change")
         if self.load:
             note += f"; load average {self.load[0]:.1f} on {os.cpu_count()} CPUs"
         return "\n".join(out + [note])
@@ -628,18 +622,14 @@ def closing_runs(make, precisions, device, changes=CHANGES, warmup: int = 2, rep
         if on_step is not None:
             on_step()
     base_label = changes[0].label
-    for (p, label), t in times.items():
+    ms = {key: statistics.median(t) for key, t in times.items()}
+    for (p, label), median in ms.items():
         row = rows[p, label]
-        row.ms = statistics.median(t)
-        base = times.get((p, base_label))
-        if base:
-            ratios = [b / x for b, x in zip(base, t)]
-            row.gain = statistics.median(ratios)
-            row.gain_quartiles = tuple(statistics.quantiles(ratios, n=4, method="inclusive")[::2]) \
-                if len(ratios) > 1 else (row.gain, row.gain)
-        fp32 = times.get(("fp32", label))
-        if fp32:
-            row.vs_fp32 = statistics.median(f / x for f, x in zip(fp32, t))
+        row.ms = median
+        if (p, base_label) in ms:
+            row.gain = ms[p, base_label] / median
+        if ("fp32", label) in ms:
+            row.vs_fp32 = ms["fp32", label] / median
     ordered = [rows[p, c.label] for p in precisions for c in changes]
     return Closing(ordered, repeats, load_average()), trainers
 

@@ -600,9 +600,10 @@ def broken_setup(device_type: str = "cpu"):
 
 
 _SETUP_ERROR_HINTS = {
-    "Attempting to unscale FP16 gradients": "GradScaler refuses float16 gradients, which come "
-    "from float16 weights: model.half() made them. Which dtype does autocast expect the "
-    "weights to be in?",
+    "Attempting to unscale FP16 gradients": "GradScaler refuses float16 gradients. A gradient "
+    "has its parameter's dtype: which dtype are these weights, and which does autocast expect?",
+    "No inf checks were recorded": "scaler.step found no gradient in this optimizer to check: "
+    "which parameters was the optimizer built on?",
 }
 
 
@@ -625,7 +626,12 @@ def _setup_pieces(setup, dev) -> tuple[tuple | None, str | None]:
 
 
 def _half_weights_finding(low, params, optimizer) -> str:
-    """What 16-bit weights do, said as a question (lesson 05 measures the answer)."""
+    """What 16-bit weights do, said as a question (lesson 05 measures the answer); float64
+    weights, which keep small updates, get their own finding."""
+    if all(p.dtype == torch.float64 for p in low):
+        return (f"{len(low)} of {len(params)} parameter tensors are torch.float64: the recipe keeps "
+                "master weights in float32; float64 holds 8 bytes a weight, and so do its gradients "
+                "and each of Adam's moments")
     text = (f"{len(low)} of {len(params)} parameter tensors are {low[0].dtype}: an optimizer adds "
             "its updates to these weights; in which dtype do small updates survive? (autocast "
             "casts weights for the matmuls itself)")
@@ -649,7 +655,8 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
     (and, where they are 16-bit, what that does to Adam), the GradScaler (on, and for the
     right device); then trains ``steps`` steps on the digits with the card's recipe and
-    looks for inf/NaN weights and for weights that never moved. Used in 05.
+    looks for inf/NaN weights and for weights that never moved; an optimizer built on other
+    tensors than the model's parameters is named. Used in 05.
     """
     dev = pick_device(device)
     findings: list[str] = []
@@ -670,6 +677,10 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     elif dtype != torch.float16:
         bug(f"dtype is {dtype}: the task is a float16 run, so autocast's dtype is torch.float16")
     params = list(model.parameters())
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if not any(id(p) in held for p in params):
+        bug("the optimizer holds none of this model's parameters: it was built on other tensors "
+            "(another model, or a copy made before .to() or .half()). What must it be given?")
     low = [p for p in params if p.dtype != torch.float32]
     if low:
         bug(_half_weights_finding(low, params, optimizer))

@@ -198,7 +198,9 @@ class HalfAdam:
     Per step: ``losses`` (before the step), ``nonfinite`` (weights inf/NaN after it) and
     ``largest_change`` (the largest change of one weight that stayed finite, 0 if none did); ``v_zero`` counts the
     weights whose first gradient was nonzero but whose ``exp_avg_sq``, stored in float16,
-    is exactly 0 after step 1, of ``nonzero_grads``. ``error`` says why no step ran.
+    is exactly 0 after step 1, of ``nonzero_grads``; ``finite_with_gradient`` counts the weights
+    still finite after the last step that had a nonzero (or inf/NaN) gradient at some step: 0
+    means the only finite weights left are ones no step moved. ``error`` says why no step ran.
     """
 
     implementation: str
@@ -209,6 +211,7 @@ class HalfAdam:
     largest_change: tuple[float, ...] = ()
     v_zero: int = 0
     nonzero_grads: int = 0
+    finite_with_gradient: int = 0
     error: str | None = None
 
     def line(self) -> str:
@@ -244,6 +247,7 @@ def half_adam(model: nn.Module, data, implementation: str, steps: int = 5, lr: f
     except RuntimeError as err:  # a torch without this kernel for the device
         return HalfAdam(implementation, lr, n_weights, error=str(err).splitlines()[0])
     losses, nonfinite, largest, v_zero, nonzero = [], [], [], 0, 0
+    touched = [torch.zeros_like(p, dtype=torch.bool) for p in params]  # a nonzero gradient at some step
     for i in range(steps):
         x, y = (t.to(device) for t in data.batch(i, batch_size))
         loss = F.cross_entropy(half(x.half()).float(), y)
@@ -255,6 +259,8 @@ def half_adam(model: nn.Module, data, implementation: str, steps: int = 5, lr: f
         except RuntimeError as err:
             return HalfAdam(implementation, lr, n_weights, error=str(err).splitlines()[0])
         losses.append(loss.item())
+        for t, p in zip(touched, params):
+            t |= p.grad != 0  # NaN != 0 too
         nonfinite.append(sum(int((~torch.isfinite(p)).sum()) for p in params))
         changes = [(p.detach().float() - b.float()).abs() for p, b in zip(params, before)]
         largest.append(max(float(torch.where(torch.isfinite(c), c, 0.0).max()) for c in changes))
@@ -263,5 +269,6 @@ def half_adam(model: nn.Module, data, implementation: str, steps: int = 5, lr: f
                 moved = p.grad != 0
                 nonzero += int(moved.sum())
                 v_zero += int((moved & (opt.state[p]["exp_avg_sq"] == 0)).sum())
+    finite_touched = sum(int((torch.isfinite(p) & t).sum()) for p, t in zip(params, touched))
     return HalfAdam(implementation, lr, n_weights, tuple(losses), tuple(nonfinite), tuple(largest),
-                    v_zero, nonzero)
+                    v_zero, nonzero, finite_touched)

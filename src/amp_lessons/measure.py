@@ -34,7 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .precision import dtype_of, float32_matmul_precision, parse_precision, uses_autocast
 
-MB = 2**20
+MiB = 2**20  # the tables and figures say MiB: 2**20 bytes, not 10**6
 
 # Autograd nodes that only view or re-lay-out their single input: a saved tensor reached
 # from a parameter through these alone holds the parameter's values, not an activation.
@@ -68,19 +68,19 @@ class SavedMemory:
 
     @property
     def activation_mb(self) -> float:
-        return self.activation_bytes / MB
+        return self.activation_bytes / MiB
 
     @property
     def weight_copy_mb(self) -> float:
-        return self.weight_copy_bytes / MB
+        return self.weight_copy_bytes / MiB
 
     def table(self) -> str:
         """A short text summary, one line per kind."""
-        dtypes = ", ".join(f"{k} {v / MB:.3f}" for k, v in sorted(self.by_dtype.items()))
+        dtypes = ", ".join(f"{k} {v / MiB:.3f}" for k, v in sorted(self.by_dtype.items()))
         return "\n".join([
-            f"activations        {self.activation_mb:9.3f} MB  ({dtypes})",
-            f"16-bit weight copies {self.weight_copy_mb:7.3f} MB",
-            f"parameters (shared)  {self.parameter_bytes / MB:7.3f} MB  (no extra memory)",
+            f"activations        {self.activation_mb:9.3f} MiB  ({dtypes})",
+            f"16-bit weight copies {self.weight_copy_mb:7.3f} MiB",
+            f"parameters (shared)  {self.parameter_bytes / MiB:7.3f} MiB  (no extra memory)",
         ])
 
 
@@ -266,12 +266,12 @@ class PeakMemory:
 
     @property
     def peak_mb(self) -> float:
-        return self.peak_bytes / MB
+        return self.peak_bytes / MiB
 
     @property
     def added_mb(self) -> float:
         """The peak above what was already allocated: what the call itself needed."""
-        return (self.peak_bytes - self.before_bytes) / MB
+        return (self.peak_bytes - self.before_bytes) / MiB
 
 
 def cuda_peak_memory(fn: Callable[[], object], device) -> PeakMemory | None:
@@ -529,15 +529,15 @@ class BatchCost:
         return self.largest_batch(precision, self.rows["fp32"][0].total)
 
     def table(self) -> str:
-        """Bytes by kind at the batch and at twice it, in MB (exact counts, not timings)."""
+        """Bytes by kind at the batch and at twice it, in MiB (exact counts, not timings)."""
         head = (f"{'precision':<10}{'weights':>9}{'grads':>8}{'optimizer':>10}{'16-bit':>8}"
                 f"{'activations':>12}{'total':>9}{'x2 batch':>10}{'added':>8}")
-        lines = [f"MB held through one training step, batch {self.batch} and {2 * self.batch}", head]
+        lines = [f"MiB held through one training step, batch {self.batch} and {2 * self.batch}", head]
         for p, (one, two) in self.rows.items():
-            lines.append(f"{p:<10}{one.weights / MB:>9.2f}{one.gradients / MB:>8.2f}"
-                         f"{one.optimizer_state / MB:>10.2f}{one.weight_copies / MB:>8.2f}"
-                         f"{one.activations / MB:>12.2f}{one.total / MB:>9.2f}{two.total / MB:>10.2f}"
-                         f"{(two.total - one.total) / MB:>8.2f}")
+            lines.append(f"{p:<10}{one.weights / MiB:>9.2f}{one.gradients / MiB:>8.2f}"
+                         f"{one.optimizer_state / MiB:>10.2f}{one.weight_copies / MiB:>8.2f}"
+                         f"{one.activations / MiB:>12.2f}{one.total / MiB:>9.2f}{two.total / MiB:>10.2f}"
+                         f"{(two.total - one.total) / MiB:>8.2f}")
         return "\n".join(lines)
 
     def ratio_limit(self, precision: str) -> float:
@@ -557,7 +557,7 @@ class BatchCost:
                 continue
             n = self.batch_in_fp32_memory(p)
             verdict = "not 2x" if n < 2 * self.batch else "2x or more"
-            out.append(f"in the {budget / MB:.2f} MB fp32 holds at batch {self.batch}, {p} fits batch "
+            out.append(f"in the {budget / MiB:.2f} MiB fp32 holds at batch {self.batch}, {p} fits batch "
                        f"{n}, {n / self.batch:.2f}x as large: {verdict}")
         return out
 
@@ -568,7 +568,7 @@ class BatchCost:
             return (f"peak memory of a whole step: GPU only (on {self.device}, torch keeps no peak "
                     "counter); the bytes above are what the step holds, counted exactly on any device")
         return "CUDA peak of one step, weights included: " + ", ".join(
-            f"{p} {v / MB:.1f} MB" for p, v in peaks.items())
+            f"{p} {v / MiB:.1f} MiB" for p, v in peaks.items())
 
 
 def doubled_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precisions=("fp32", "bf16", "fp16"),
