@@ -91,9 +91,9 @@ print(formats_table())
 # subnormal is its `smallest_normal x eps`). TF32 is not a dtype: an NVIDIA tensor core
 # (Ampere and newer) keeps 10 of each float32 input's 23 mantissa bits when PyTorch lets it
 # (off by default for matmuls, on for cuDNN convolutions: the numerical-accuracy note), so
-# its row follows from that layout. PyTorch's notes differ
-# on whether the rest is cut or rounded (Sources); this course rounds to nearest (lesson 05
-# has more). The two fp8 formats are a preview of lesson 08.
+# its row follows from that layout. PyTorch's notes differ on whether the rest is cut or
+# rounded (Sources); this course rounds to nearest. The two fp8 formats are a preview of
+# lesson 08.
 #
 # The same ranges on a number line, in powers of two:
 
@@ -165,11 +165,12 @@ print(bits_of(1e-6, "fp16"))
 # would be 65536 (`2^16`). Values below 65520, halfway between the two, still round down to
 # 65504; from 65520 on, they are `inf`. (That is rounding once, as the course's functions
 # do. torch's own cast of a *float64* tensor goes through float32 first, and can land on
-# 65520: `torch.tensor(65519.999, dtype=torch.float64).half()` is `inf`.)
+# 65520: the last line below.)
 
 # %%
 for v in (65504.0, 65519.0, 65520.0):
     print(f"{v:g} is stored as {bits_of(v, 'fp16').stored}")
+print("torch's cast of the float64 65519.999:", torch.tensor(65519.999, dtype=torch.float64).half().item())
 
 # %% [markdown]
 # ### Try it: any value, any format
@@ -325,16 +326,16 @@ print(f"your gradients span {measured(span, '.1f')} powers of two; "
 # %% [markdown]
 # When the gradients span fewer powers of two than float16 does, they can all fit: they
 # only need to be moved up. Fit counts the subnormals, though: float16's *normal* range
-# spans only 30 powers of two (2^-14 to 2^16), fewer than these gradients do, so some stay
-# subnormal at any scale. The exercise below asks for 99% normal, not 100%.
+# spans only 30 powers of two (2^-14 to 2^16), fewer than these gradients do, so at any
+# scale that overflows nothing, some stay subnormal.
 #
 # ## Loss scaling moves the histogram
 #
 # Multiply the loss by `2^k` and, by the chain rule, every gradient is multiplied by
 # `2^k`: the histogram slides `k` to the right. A power of two changes only the exponent,
 # so the scaling itself rounds nothing, as long as the result stays within float32's normal
-# range. `GradScaler` (lesson 03) does exactly this, and
-# divides by `2^k` again in float32 before the optimizer step.
+# range. `GradScaler` (lesson 03) does exactly this with its default scales, powers of two,
+# and divides by `2^k` again in float32 before the optimizer step.
 #
 # **Predict:** with the scale `2^8`, how many values still flush in float16, and does any
 # overflow?
@@ -352,7 +353,7 @@ gradient_histogram(grads, scale=2.0**8)
 #
 # Move the scale from `2^0` to `2^24`. The table gives the shares flushed, subnormal,
 # normal and overflowed in float16 and bfloat16; the histogram moves with it. Find where
-# the red region empties, and where the bars reach purple.
+# the bars leave the red region, and where they reach purple.
 
 # %%
 from amp_lessons.widgets import loss_scale_explorer
@@ -373,7 +374,8 @@ print(check("at 2^16, GradScaler's starting scale, nothing flushes and nothing o
 
 # %% [markdown]
 # Too large a scale overflows: a single `inf` makes `GradScaler` skip the step and halve
-# the scale; after `growth_interval` clean steps it doubles it again (lesson 03 runs it).
+# the scale; after `growth_interval` clean steps it doubles it again (its defaults; lesson 03
+# runs it).
 #
 # ## Why bfloat16 needs no scaler, and what it pays
 #

@@ -82,7 +82,7 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
         half = scaled_census(grads, "fp16", scale / 2)
         if half.flushed == 0 and half.fraction("normal") >= target:  # no overflow: fewer than at scale
             passed = False
-            findings.append(f"2^{k - 1:.0f} does too: find the smallest power of two that does")
+            findings.append("half of it does too: find the smallest power of two that does")
     return Verdict(passed, findings)
 
 
