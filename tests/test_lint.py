@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def card_recipe() -> str:
     """The card's example, from the cell of lesson 02 that runs it as written."""
     text = (ROOT / "notebooks" / "02_autocast.py").read_text(encoding="utf-8")
-    cell = next(c for c in text.split("# %%") if "the card's code, as written" in c)
+    cell = next(c for c in text.split("# %%") if "the card's example, as written" in c and "import torch" in c)
     return cell.split("\n", 1)[1]
 
 

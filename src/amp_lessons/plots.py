@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt  # noqa: F401  (used by the sections below)
 from .claims import measured
 from .clipping import measured_thresholds
 from .formats import FORMATS, check_scale, format_info, scaled_census
+from .fp8 import get_recipe
 from .measure import MiB, training_memory
 from .scaling import scale_changes
 from .trace import short
@@ -527,8 +528,6 @@ def fp8_training(runs: dict, scales: dict, recipe="tensorwise"):
     from :class:`amp_lessons.fp8.ScaleHistory`). The legend and the title name each kind's
     format in ``recipe`` (:func:`amp_lessons.fp8.get_recipe`), since ``scale = fmt.max / amax``
     depends on it as much as on amax."""
-    from .fp8 import get_recipe
-
     r = get_recipe(recipe)
     formats = {"input": r.forward_format, "weight": r.forward_format, "grad_output": r.grad_format}
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
