@@ -91,8 +91,8 @@ for code in range(16):
 # subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
 # them, a tie going to the even code, and anything above 6 saturates to 6: the rounding of
 # PTX's `cvt.rn.satfinite.e2m1x2.f32` (`.rn`: to nearest, ties to even; `.satfinite`: clamp
-# to the largest finite value). torch 2.13 has no such cast to copy (the cell after next
-# asks this release):
+# to the largest finite value). torch 2.13 has no such cast to copy (the cell after the
+# packing one, below, asks this release):
 
 # %%
 from amp_lessons.blockscale import round_e2m1
@@ -144,8 +144,9 @@ print("torch's float8_e8m0fnu reads the same:",
 
 # %% [markdown]
 # A block's scale `X` is chosen from its largest magnitude (amax). The exact choice,
-# `X = amax / 6` for e2m1, puts amax on 6. A power of two that never passes it (or never
-# falls short of it) comes within a factor of 2, and which rule picks it matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
+# `X = amax / 6` for e2m1, puts amax on 6. A power-of-two scale chosen never to exceed that
+# exact X (or never to fall short of it) comes within a factor of 2 of it, and which rule
+# picks it matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
 # (2 is the exponent of e2m1's largest value, 8 for e4m3's 448): amax lands between 4 and 8,
 # and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two
 # that puts amax at or below the element's largest value. **Predict** what each does to this block of values:
@@ -229,8 +230,9 @@ from amp_lessons.blockplots import scheme_bars
 scheme_bars(table)
 
 # %% [markdown]
-# The element format sets the level: the e2m1 schemes trail every e4m3 one by more than a
-# bit's 6 dB (the verdicts below). (The inputs are pixels, multiples of 1/16, which e4m3
+# Among these seven schemes the element format sets the level: the e2m1 schemes trail every
+# e4m3 one by more than a bit's 6 dB (the verdicts below). (A scale that underflows can drop
+# a scheme far below its level: NVFP4 without its tensor scale, further down.) (The inputs are pixels, multiples of 1/16, which e4m3
 # holds exactly under a power-of-two scale: MXFP8 errs there only where it saturates.) A
 # float's rounding error is relative to the value, so for e4m3 a finer scale changes little
 # while the values stay in its normal range. What it changes is the bottom and the top of
@@ -442,7 +444,8 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
             not any(s.saturated for s in m5) and all(s.flushed for s in m5), f"{min(s.flushed for s in m5)} to {max(s.flushed for s in m5)} a step"))
 
 # %% [markdown]
-# The first step casts with scale 1 (there is no history yet), hence its flushes. Then, like
+# In the course's `run_delayed` the first step casts with scale 1 (there is no history yet),
+# hence its flushes. Then, like
 # current scaling, delayed scaling flushes and saturates nothing until the spike, which it
 # cannot see coming: the spike saturates. For the next `amax_history_len` steps the
 # history's largest amax is the spike's, so every step casts with the spike's small scale
@@ -455,7 +458,8 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
 #
 # Lesson 08's fp8 linear, with blocks: `BlockLinear` quantizes both operands of each of its
 # three matmuls along the dimension that matmul sums over (MXFP8: 1x32 e4m3 with e8m0
-# scales by rceil, as trained; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale),
+# scales by rceil, as torchao's and Transformer Engine's MXFP8 recipes pick them; NVFP4: 1x16
+# e2m1 with e4m3 scales and a tensor scale),
 # dequantizes, and multiplies in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
 # output gradient is rounded to nearest, or stochastically. A smaller MLP than above, two
 # hidden layers of 64 (a multiple of both block sizes), so that four runs stay quick; the
@@ -504,7 +508,8 @@ block_training(runs)
 # stochastic rounding showed no gain (the check above is one-sided: it asks only whether it
 # helped). NVIDIA's NVFP4 recipe for large language models also keeps some
 # layers in higher precision, applies random Hadamard transforms to the weight-gradient
-# inputs and uses 16x16 blocks for weights, none of which is here. One ingredient is:
+# inputs and uses 16x16 blocks for weights, none of which is here (the head above stays
+# float32 because its 10 outputs are no multiple of a block, not by that recipe). One ingredient is:
 # **stochastic rounding** of the gradients. What does it keep? A
 # gradient block whose largest value lands on 6 and whose other values are 0.2, below half
 # of e2m1's smallest step:
@@ -630,7 +635,9 @@ check_e8m0_code(my_e8m0_code)
 #   `BlockWise128x128`) and `SwizzleType.SWIZZLE_32_4_4`, the layout cuBLAS reads block scales
 #   in; `aten/src/ATen/native/cuda/ScaledBlas.cpp`'s `_check_deepseek_support` (1x128 and
 #   128x128 on compute capability 9.x with cuBLASLt 12.9+ only).
-# - PTX ISA, `cvt` with `.e2m1x2`: `.rn` rounds to nearest even, `.satfinite` clamps.
+# - PTX ISA, `cvt` with `.e2m1x2`: `.rn` rounds to nearest even, `.satfinite` clamps; `mma`
+#   (and Blackwell's `tcgen05.mma`) with `.block_scale`: the tensor core scales A and B by
+#   their block scales (`scale_A`, `scale_B`) itself ("Block Scaling").
 # - NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference" (blog,
 #   2025); "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149).
 # - cuBLAS documentation, "1D block quantization": the 128 x 4 tile layout of block scales

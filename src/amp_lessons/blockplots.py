@@ -42,7 +42,7 @@ def scheme_bars(table: dict):
         return sum(ys) / len(ys) if ys else math.nan
 
     fig.suptitle(f"e4m3 elements keep {mean('e4m3'):.0f} dB on average here, e2m1 {mean('e2m1'):.0f} dB: "
-                 "the element sets the level; the scales' blocks and rule move it within that", fontsize=10)
+                 "among these schemes the element sets the level; blocks and rule move it within", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     plt.close(fig)
