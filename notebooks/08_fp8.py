@@ -18,7 +18,8 @@
 #
 # NVIDIA's Ada, Hopper and Blackwell GPUs have tensor cores for 8-bit floats, and large
 # models are trained with them. Two formats: **e4m3** (4 exponent bits, 3 mantissa bits)
-# and **e5m2**. Their range is short: cast as they are, most gradients flush to zero (below).
+# and **e5m2**. Their range is short: cast as they are, e4m3 flushes most gradients to zero,
+# e5m2 fewer (below).
 # So recipes multiply every tensor by a *scale* first, chosen so that its largest value
 # lands on the format's largest value. That is lesson 03's loss scale again, with two
 # differences: in the recipe this lesson builds, it is computed from the tensor itself
@@ -80,7 +81,7 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # ## Two fp8 formats
 #
 # **Predict:** e4m3 has one exponent bit fewer than e5m2 and one mantissa bit more.
-# Which of the two reaches `1e-5`? Which one has the larger largest value?
+# Which of the two has the smaller smallest value? Which one has the larger largest value?
 
 # %%
 from amp_lessons.formats import format_info, formats_table
@@ -117,7 +118,8 @@ for name in ("fp8_e4m3", "fp8_e5m2"):
 
 # %% [markdown]
 # An fp8 tensor is storage for a matmul, not a number type you compute with. It takes one
-# byte per value, and torch refuses most arithmetic on it (`add` for one; `*` runs):
+# byte per value, and torch's CPU kernels refuse most arithmetic on it (`add` for one; `*`
+# runs there):
 
 # %%
 from amp_lessons.show import expect_error
@@ -136,19 +138,15 @@ with expect_error(NotImplementedError):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The answer depends on the release and the path: see below.
-from amp_lessons.formats import bits_of, e4m3_overflow
+# The answer depends on the release and the build: see Sources.
+from amp_lessons.formats import e4m3_overflow
 
 print(e4m3_overflow(device))
-print(bits_of(1e6, "fp8_e4m3"))
 
 # %% [markdown]
 # Clamp to the largest value before casting (torchao's `to_fp8_saturated` and
-# `saturating_cast` do): that stores 448 for `1e6` on every release and path. A plain eager
-# cast depends on the release: on a CPU NaN before torch 2.13, 448 from 2.13 on (pull request
-# 178817). A CUDA GPU does the same, except some CUDA 13 builds, whose copy kernel calls
-# CUDA's saturating conversion (pull request 177870), store 448 before 2.13 too. Compiled
-# code (`torch.compile`) follows its own rule, not probed here. e5m2 has inf:
+# `saturating_cast` do): that stores 448 for `1e6` on every release and build; a plain cast
+# may store NaN. e5m2 has inf:
 
 # %%
 from amp_lessons.fp8 import saturating_cast
@@ -301,14 +299,11 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)` in the `out_dtype` it is
 # given (`scaled_mm` below gives float32). On a CPU, torch computes exactly that, a float32
-# matmul of the dequantized values, except on a CPU with AMX, where oneDNN takes the call
-# (Sources). An fp8 GPU feeds the fp8 values to its tensor cores and applies the scales to
-# the result.
+# matmul of the dequantized values, except where oneDNN takes the call (Sources).
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
 # **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
-# scales, is the result bit for bit the float32 product? (The stored answer is a CPU's
-# without AMX.)
+# scales, is the result bit for bit the float32 product?
 
 # %%
 from amp_lessons.fp8 import reference_mm, scaled_mm, scaled_mm_support
@@ -336,11 +331,12 @@ err = ((fp8_out - exact).norm() / exact.norm()).item()
 print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the float32 one", err, e4m3.eps))
 
 # %% [markdown]
-# On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, not run here): compute capability
-# 8.9 or 9.0+; the second operand column-major; its two dimensions and the first operand's
-# inner one multiples of 16; never e5m2 times e5m2 (ROCm allows it): e5m2 is for gradients,
-# paired with e4m3. On a CPU, torch 2.11 refuses per-row scales and 2.13 takes them (probed
-# at the end).
+# On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, torch 2.11 and main, not run here):
+# compute capability 8.9 or 9.0+; on Hopper (9.x) the second operand column-major (its
+# comment: Blackwell takes any layout); its two dimensions and the first operand's inner
+# one multiples of 16; never e5m2 times e5m2 (ROCm allows it): e5m2 is for
+# gradients, paired with e4m3. On a CPU, torch 2.11 refuses per-row scales (Sources) and
+# 2.13 takes them (the last cell probes this machine's release).
 #
 # ## One outlier channel: per tensor against per row
 #
@@ -389,10 +385,8 @@ from amp_lessons.fp8 import Fp8Matmul
 print(inspect.getsource(Fp8Matmul))
 
 # %% [markdown]
-# `convert_to_fp8` swaps every `nn.Linear` that `fits_fp8` (CUDA's multiples of 16) for an
-# `Fp8Linear` sharing its parameters; torchao's `convert_to_float8_training` swaps every one
-# its `module_filter_fn` keeps (the torchao cell below passes `fits_fp8`). The weights stay
-# float32 (master weights); the head stays as it is; `emulate` is the `_scaled_mm` cell's.
+# `convert_to_fp8` swaps every `nn.Linear` that `fits_fp8` (CUDA's rules above) for an
+# `Fp8Linear` sharing its float32 parameters (master weights); the head stays as it is.
 
 # %%
 import copy
@@ -485,10 +479,11 @@ print("layer 0's input scale at every step is 448 / 1 (a pixel at 1 in every bat
 # ## The same with torchao
 #
 # torchao's `convert_to_float8_training` runs the same tensorwise recipe, with
-# `torch.compile` support and one difference: its forward matmul sets `use_fast_accum=True`,
-# "fast accumulation in lower precision" on an fp8 GPU (lesson 09). It is optional
-# (`pip install -e ".[fp8]"`); where it is installed, this cell trains the same model with
-# it (not compared: it may be missing).
+# `torch.compile` support. One difference we found in its `config.py`: its forward matmul
+# sets `use_fast_accum=True`, "fast accumulation in lower precision" on an fp8 GPU (lesson
+# 09). It is optional (`pip install -e ".[fp8]"`); where it is installed, this cell trains
+# the same model with it, keeping the same layers (`module_filter_fn`), and prints both
+# accuracies. Its output is not checked: torchao may be missing.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -514,8 +509,8 @@ else:
 # ## Which hardware runs fp8 fast
 #
 # NVIDIA's fp8 tensor cores come with compute capability 8.9 (Ada: L4, RTX 40xx) and 9.0 or
-# newer (Hopper, Blackwell); `fp8_support` follows `ScaledBlas.cpp`'s rules, per-row outputs
-# included. AMD's MI300 runs `_scaled_mm` on ROCm in the `fnuz` variants
+# newer (Hopper, Blackwell); `fp8_support` follows torch 2.11's `ScaledBlas.cpp`, per-row
+# outputs included (pull request 187569, after 2.13, adds fp32 there). AMD's MI300 runs `_scaled_mm` on ROCm in the `fnuz` variants
 # (`float8_e4m3fnuz`): this lesson's e4m3fn code and 448 do not carry over.
 
 # %%
@@ -528,12 +523,11 @@ for label, kind, cc in [("a CPU", "cpu", None), ("T4", "cuda", (7, 5)), ("A100",
     print(f"{label:<13} {'fast' if fast else 'not fast':<9} {why}")
 
 # %% [markdown]
-# And this machine: the doctor's report (`python -m amp_lessons doctor`), the table's
-# verdict, and what `_scaled_mm` takes here, probed (`None` means it runs):
+# And this machine: the table's verdict, and what `_scaled_mm` takes here, probed (`None`
+# means it runs):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(report.table(), end="\n\n")
 fast, _ = fp8_support(device.type, report.cuda_capability)
 print(f"{device.type}, from the table: {'fast' if fast else 'not fast'}")
 print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_support(device))
@@ -548,8 +542,8 @@ print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_s
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
 #   flush fewer still. Delayed scaling reuses past amaxes and can overflow.
-# - `torch._scaled_mm` is dequantize-then-matmul: on a CPU's float32 path up to float32
-#   rounding (above); an fp8 GPU's tensor cores may accumulate with less precision (lesson
+# - `torch._scaled_mm` is dequantize-then-matmul, up to float32 rounding on this CPU
+#   (above); an fp8 GPU's tensor cores may accumulate with less precision (lesson
 #   09). The weights, the optimizer and the output stay in high precision.
 #
 # ## Watch out
@@ -573,7 +567,7 @@ print(inspect.getsource(row_scale_as_given))
 # %% [markdown]
 # Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
 # checker runs it in e4m3 and e5m2 on exact rows such as a backward pass holds, from 2^-36
-# to 2^5, an outlier and sparse ones, and asks for exact scales, `max / amax` (not the
+# to 2^5, an outlier, sparse ones and one bf16 cannot hold, and asks for exact scales, `max / amax` (not the
 # `_scaled_mm` cell's powers of two). As given, it checks the function above:
 
 # %%
@@ -588,20 +582,20 @@ check_row_scale(my_row_scale)
 #
 # - The `fn` suffix: ml_dtypes' README (`float8_e4m3fn`), after LLVM's `APFloat.h`
 #   (`Float8E4M3FN`).
-# - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value` in
-#   `torch/headeronly/util/Float8_e4m3fn.h` (torch 2.11 and 2.13; `c10/util`'s forwards to
-#   it); CUDA's saturating one, `__nv_cvt_float_to_fp8` with `__NV_SATFINITE`, in
-#   `aten/src/ATen/native/cuda/Copy.cu` (pull request 177870: CUDA 13.2 builds; later
-#   versions of the file: CUDA 13.0+, compute capability 8.9+).
-# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp` (per-row: "Only bf16
-#   and fp16 high precision output types are supported for row-wise scaling."); e5m2 x e5m2
+# - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value`, `torch/headeronly/util/Float8_e4m3fn.h`:
+#   NaN in torch 2.11, 448 in 2.13 (pull request 178817). CUDA 13 builds' `cuda/Copy.cu`
+#   (pull request 177870) saturate a float32 source (`__NV_SATFINITE`) before 2.13 too; fp16
+#   and bf16 sources keep torch's conversion. `torch.compile`'s rule is not probed here.
+# - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp` (torch 2.11's
+#   `libtorch_cuda.so`: "Only bf16 and fp16 high precision output types are supported for
+#   row-wise scaling."; the column-major check only for major 9); e5m2 x e5m2
 #   allowed on ROCm: pytorch/pytorch#148228; MI300's fnuz dtypes: `_scaled_mm_is_fnuz` there
 #   (gfx942), and torchao's `Float8TypeConfig` (`torchao/float8/config.py`).
 # - No `float8_e5m2` on Apple's GPU (MPS): pytorch/pytorch#132624 (open).
 # - `_scaled_mm` on a CPU: `_scaled_mm_out_cpu` in `aten/src/ATen/native/Blas.cpp` (to
 #   oneDNN with AMX-INT8, or AMX-FP16 for mixed dtypes, and oneDNN on; before per-row
-#   support, `_scaled_mm_out_cpu_emulated` asserted "Now _scaled_mm only supports per-tensor
-#   scaling for CPU backend.").
+#   support, torch 2.11's `_scaled_mm_out_cpu_emulated` asserted "Now _scaled_mm only
+#   supports per-tensor scaling for CPU backend.").
 # - Clamping before the cast: `to_fp8_saturated`, `torchao/float8/float8_utils.py`.
 # - Delayed scaling: NVIDIA Transformer Engine's docs, "Using FP8 with Transformer Engine"
 #   (`recipe.DelayedScaling`). torchao: `convert_to_float8_training`'s API page; in

@@ -379,12 +379,12 @@ def test_fp8_support_by_device():
         got, why = fp8_support(kind, cc)
         assert got is fast, (kind, cc, why)
     assert "8.9 or 9.0+" in fp8_support("cuda", (8, 0))[1]
-    assert "float32 matmul" in fp8_support("cpu")[1]
-    # ScaledBlas.cpp's row-wise path that writes only bf16/fp16: below 9.0, old cuBLAS, 10.0+
-    row = "per-row scales need a bf16 or fp16 output"
+    assert "float32 matmul" in fp8_support("cpu")[1] and "oneDNN on AMX CPUs (Blas.cpp)" in fp8_support("cpu")[1]
+    # torch 2.11's ScaledBlas.cpp row-wise path that writes only bf16/fp16: below 9.0, old cuBLAS, 10.0+
+    row = "per-row scales need a bf16 or fp16 output in torch 2.11"  # pull request 187569 (after 2.13) adds fp32
     assert fp8_support("cuda", (8, 9))[1].endswith(row)
     assert fp8_support("cuda", (10, 0))[1].endswith(row) and fp8_support("cuda", (12, 0))[1].endswith(row)
-    assert fp8_support("cuda", (9, 0))[1].endswith(row + " below cuBLAS 12.9")
+    assert fp8_support("cuda", (9, 0))[1].endswith(row.replace(" in torch", " below cuBLAS 12.9 in torch"))
 
 
 def test_fp8_device_gives_the_cpu_on_a_mac(monkeypatch):
@@ -438,14 +438,24 @@ def test_row_scale_exercise_checker():
     assert "right:" not in str(above)
     # an amax floor above the smallest row's amax (7.5 * 2^-36) lifts that row's amax: its scale is too small
     floored = check_row_scale(lambda x, name: format_info(name).max / x.abs().amax(dim=1, keepdim=True).clamp(min=1e-6))
-    assert not floored.passed and "row 0's largest value lands at" in str(floored)
+    assert not floored.passed and "row 0's largest value lands at" in str(floored) and "9.2e+03-fold" in str(floored)
+    # an epsilon added to the amax is 0.9% of the smallest row's (7.5 * 2^-36): named as such
+    plus = check_row_scale(lambda x, name: format_info(name).max / (x.abs().amax(dim=1, keepdim=True) + 1e-12))
+    assert not plus.passed and "an epsilon added to the amax" in str(plus) and "by 0.9%" in str(plus)
+    # a zero scale for the zero row is not finite-and-positive, and gets no word about inf
+    zero = check_row_scale(lambda x, name: torch.nan_to_num(format_info(name).max / x.abs().amax(dim=1, keepdim=True),
+                                                            posinf=0.0))
+    assert not zero.passed and "row 6 is 0.0" in str(zero) and "inf" not in str(zero)
+    # an amax read from bf16 fails on the row bf16 cannot hold (8), though every other row is bf16-exact
+    bf16 = check_row_scale(lambda x, name: scale_from_amax(amax(x.bfloat16().float(), "row"), name))
+    assert not bf16.passed and "row 8 reaches 448.109" in str(bf16)
     assert "shape ()" in str(check_row_scale(lambda x, name: scale_from_amax(amax(x), name)))
     per_tensor = check_row_scale(lambda x, name: scale_from_amax(amax(x), name).expand(x.shape[0], 1))
     assert not per_tensor.passed and "per-tensor scaling" in str(per_tensor) and "its own amax" in str(per_tensor)
     too_big = check_row_scale(lambda x, name: 2 * scale_from_amax(amax(x, "row"), name))
     assert not too_big.passed and "too large for 448" in str(too_big)
     too_small = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name) / 4)
-    assert not too_small.passed and "not at 448" in str(too_small)
+    assert not too_small.passed and "not at 448" in str(too_small) and "epsilon" not in str(too_small)
     as_double = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name).double())
     assert not as_double.passed and "float32" in str(as_double) and "right:" not in str(as_double)
     assert "raised ZeroDivisionError" in str(check_row_scale(lambda x, name: 1 / 0))

@@ -750,11 +750,13 @@ def row_scale_as_given(x, name="fp8_e4m3"):
 def _row_scale_cases():
     """Exact inputs (powers of two times small integers): ordinary rows at 2^-36 (as small as
     08's gradients get), 2^-20, 2^-6, 2^0 and 2^5, an outlier row, an all-zero row (a dead ReLU
-    unit's gradient) and a row with one nonzero value. Returns the rows and the zero row's index."""
+    unit's gradient), a row with one nonzero value, and a row bf16 cannot hold (its amax,
+    7.5 * (1 + 2^-12), needs 16 significant bits; bf16 keeps 8). Returns the rows and the
+    zero row's index."""
     cols = torch.arange(16, dtype=torch.float32) - 7.5
     rows = [cols * 2.0**e for e in (-36, -20, -6, 0, 5)] + [cols * 2.0**20]
     zero_row = len(rows)
-    rows += [torch.zeros(16), torch.where(cols == 0.5, -3.0, 0.0)]
+    rows += [torch.zeros(16), torch.where(cols == 0.5, -3.0, 0.0), cols * (1 + 2.0**-12)]
     return torch.stack(rows), zero_row
 
 
@@ -786,13 +788,14 @@ def check_row_scale(fn) -> Verdict:
         bad = [i for i, s in enumerate(scale.flatten().tolist()) if not (math.isfinite(s) and s > 0)]
         if bad:
             passed = False
+            first = scale.flatten()[bad[0]].item()
             tiny = top / torch.finfo(torch.float32).max  # below this amax, top / amax overflows float32
             words = ("all zeros. What is its amax, and what does your formula give for it? A scale "
-                     "must be finite even where a row holds nothing, and in float32 "
-                     f"{top:g} / amax is inf for every amax below {tiny:.2g}" if zero_row in bad
+                     "must be finite and positive even where a row holds nothing" if bad[0] == zero_row
                      else "not finite and positive")
-            findings.append(f"{name}: the scale of row {bad[0]} is {scale.flatten()[bad[0]].item()}; row "
-                            f"{bad[0]} is {words}")
+            if math.isinf(first):
+                words += f"; in float32 {top:g} / amax is inf for every amax below {tiny:.2g}"
+            findings.append(f"{name}: the scale of row {bad[0]} is {first}; row {bad[0]} is {words}")
             continue
         peak = (x * scale.float()).abs().amax(dim=1).double()  # what the cast sees, in float32
         nonzero = x.abs().amax(dim=1) > 0
@@ -809,13 +812,23 @@ def check_row_scale(fn) -> Verdict:
         if low:
             same = bool((scale == scale.flatten()[0]).all())
             pow2 = bool((torch.frexp(scale.float()[nonzero])[0] == 0.5).all())  # no exact scale here is one
+            row_amax = x.abs().amax(dim=1)
+            fine = [i for i in range(len(peak)) if nonzero[i] and i not in low and i not in over]
+            smallest = fine and all(row_amax[i] < min(row_amax[j] for j in fine) for i in low)
+            i = low[0]
+            ratio = top / scale.flatten()[i].item() / row_amax[i].item()  # the amax the formula used, over the row's
+            lifted = f"by {ratio - 1:.1%}" if ratio < 2 else f"{ratio:.2g}-fold"
             why = ("every row got the same scale, which is per-tensor scaling: the largest row sets it and "
                    "the small rows land low. Per row, each row's scale comes from its own amax" if same
                    else f"power-of-two scales are a recipe of their own (quantize's power_of_2); this "
                    f"exercise asks for the exact one, which carries the row's amax onto {top:g} itself" if pow2
+                   else f"only the smallest rows land low: the scale divides by {top / scale.flatten()[i].item():.3g} "
+                   f"where the row's amax is {row_amax[i].item():.3g}: an epsilon added to the amax, or a floor "
+                   f"under it, lifts this row's amax {lifted}. A floor far below "
+                   "every amax leaves each row its own" if smallest
                    else f"the scale should carry the row's amax onto {top:g} itself, so the row uses "
                    "the whole range")
-            findings.append(f"{name}: row {low[0]}'s largest value lands at {peak[low[0]].item():g}, not at "
+            findings.append(f"{name}: row {i}'s largest value lands at {peak[i].item():g}, not at "
                             f"{top:g}: {why}")
         right = right and not over and not low
         passed = passed and right

@@ -576,8 +576,8 @@ def selfcheck(device=None) -> list:
         cc = hardware_report(dev).cuda_capability
         fast, _ = fp8_support("cuda", cc)
         cpu, here = _e4m3_overflow_pair(dev)
-        out.append(check("the e4m3 cast on this GPU stores what the CPU's does for 1e6 and inf, or 448 "
-                         "where the CPU stores NaN and this is a CUDA 13 build",
+        out.append(check("the e4m3 cast from float32 on this GPU stores what the CPU's does for 1e6 and "
+                         "inf, or 448 where the CPU stores NaN and this is a CUDA 13 build",
                          _gpu_cast_as_told(cpu, here, torch.version.cuda), f"cpu {cpu}, cuda {here}"))
         out.append(check(f"torch._scaled_mm runs on this GPU exactly when fp8_support says fp8 is fast "
                          f"(compute capability {cc[0]}.{cc[1]})", runs == fast,
@@ -604,9 +604,10 @@ def selfcheck(device=None) -> list:
 
 
 def _gpu_cast_as_told(cpu, here, cuda_version) -> bool:
-    """08's rule for an e4m3 cast of ``(1e6, inf)``: a GPU stores what the CPU does, except
-    that some CUDA 13 builds saturate (448) where the CPU, before torch 2.13, gives NaN
-    (their Copy.cu calls CUDA's saturating conversion: pull request 177870)."""
+    """08's rule for an e4m3 cast of ``(1e6, inf)`` from float32 (the probe's source): a GPU
+    stores what the CPU does, except that some CUDA 13 builds saturate (448) where the CPU,
+    before torch 2.13, gives NaN. Their Copy.cu (pull request 177870) calls CUDA's
+    saturating conversion for a float32 source only; fp16 and bf16 sources keep torch's own."""
     if all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(cpu, here)):
         return True  # NaN is not == NaN: compared value by value
     major = int(str(cuda_version).split(".")[0]) if cuda_version else 0
