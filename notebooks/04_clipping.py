@@ -96,7 +96,7 @@ for precision, order in CASES:
 
 # %% [markdown]
 # The two fp16 runs start from the same gradient (the "true norm" column; float32's differs
-# from it in the fifth digit, by float16's rounding in the forward). The right order
+# from it in the fifth digit, by float16's rounding in the forward and backward matmuls). The right order
 # compares that true norm with `max_norm`, as float32 does, and applies the same gradient.
 # The wrong order saw the true norm times the scale, far above `max_norm`, and cut the
 # gradient down to a norm of `max_norm / scale`:
@@ -207,7 +207,8 @@ print(clipping_table(adam_runs, MAX_NORM))
 
 # %% [markdown]
 # Adam carries on training, although the `applied` column shows that every step still
-# clipped the gradient to `max_norm / scale`: it sees each step's direction, not its size.
+# clipped the gradient to `max_norm / scale`: Adam is blind to one constant factor on all
+# gradients, and every gradient here is shrunk by a similar one.
 # The trap is hidden, not gone: the two runs do not end at the same loss. Two things differ
 # from the right order. Every step's gradient had the same norm, so Adam's running averages
 # no longer tell a large gradient from a small one; and Adam's `eps` (1e-8, meant to be
@@ -254,7 +255,7 @@ share = (loss["fp16, clip then unscale_"] - loss["fp16, clip then unscale_, eps 
 print(between("eps / scale closes part of the gap, not all of it: between 10% and 90%", share, 0.1, 0.9, ".0%"))
 
 # %% [markdown]
-# So the rest of the gap is the equal norms. Either way the loss is the wrong place to look for this bug: look at what the clip saw
+# So, in this seeded run, the rest of the gap is the equal norms. Either way the loss is the wrong place to look for this bug: look at what the clip saw
 # (below, a check that does it for you).
 #
 # ## `clip_grad_value_` has the same trap

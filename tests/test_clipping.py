@@ -492,7 +492,7 @@ def test_checker_does_not_blame_the_weights_on_a_disabled_scaler():
     assert "built without a device" in only
     assert "fixed: the weights end where the reference loop's do" in v.findings
     broken = "\n".join(bugs(check_clipping_loop(broken_clipping_loop, backward_in_autocast_is_a_bug=False)))
-    assert "disabled GradScaler" not in broken and "a scaler which is on multiplies" in broken
+    assert "disabled GradScaler" not in broken and "once it is on, those gradients are multiplied" in broken
 
 
 def clip_after_step(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
@@ -598,3 +598,8 @@ def scaler_from_a_torch_device(model, data, steps=6, accum_steps=4, max_norm=1.0
 def test_checker_accepts_a_scaler_built_from_the_device(loop):
     v = check_clipping_loop(loop, backward_in_autocast_is_a_bug=False)
     assert v.passed, str(v)
+
+
+def test_checker_wants_a_bool_for_the_question():
+    v = check_clipping_loop(fixed_clipping_loop, backward_in_autocast_is_a_bug="False")
+    assert not v.passed and "got 'False', a str" in str(v)

@@ -494,9 +494,10 @@ def _clip_finding(log, error) -> list[tuple[bool, str]]:
                      "applied the gradients: the clip changed nothing the step used. Where must it sit?")]
     if scaled:
         enabled = bool(log.scalers) and log.scalers[0]["enabled"]
-        return [_bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt), on gradients "
-                     + ("still multiplied by the loss scale" if enabled else
-                        "that a scaler which is on multiplies by the loss scale")
+        return [_bug(f"{len(scaled)} of {len(clips)} clips ran before scaler.unscale_(opt)"
+                     + (", on gradients still multiplied by the loss scale" if enabled else
+                        " (this scaler is off, but once it is on, those gradients are multiplied by the loss "
+                        "scale)")
                      + ": the threshold acts as max_norm/scale. What must happen to the gradients before "
                      "the clip measures them?")]
     return [(True, "fixed: every clip runs after scaler.unscale_(opt) and before scaler.step(opt)")]
@@ -542,10 +543,11 @@ def _autocast_answer_finding(log, answer) -> tuple[bool, str]:
     measurement on this model."""
     inside = sum(c.info["in_autocast"] for c in log.calls if c.name == "scale")
     where = "inside" if inside else "outside"
-    if answer is None:
+    if answer is None or not isinstance(answer, bool):
+        got = "" if answer is None else f" (got {answer!r}, a {type(answer).__name__})"
         return False, ("question: is calling backward inside the autocast block one of this "
                        "loop's bugs, one that changes what it computes? Answer with "
-                       "backward_in_autocast_is_a_bug=True or False")
+                       f"backward_in_autocast_is_a_bug=True or False{got}")
     same = backward_inside_autocast_matches(clipping_lesson_model(hidden=32), *digits().batch(0, 32))
     evidence = (f"measured on this model on the CPU, where this checker runs it, its gradients inside and "
                 f"outside are {'identical' if same else 'NOT identical'} bit for bit")
