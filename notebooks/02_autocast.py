@@ -65,7 +65,7 @@ print(f"lesson 00 recommends {report.recommended} here")
 # %% [markdown]
 # ## The card's example, as written
 #
-# The card ends with an example, which lesson 00 leaves to this lesson; here it is as the
+# The card ends with an example (lesson 00 quotes the text before it); here it is as the
 # card writes it. It picks float16 on a GPU and bfloat16 on a CPU, runs one training step,
 # and prints two dtypes. **Predict** before you run it: what will `logits.dtype` and
 # `loss.dtype` be?
@@ -129,17 +129,13 @@ mlp_trace = trace_model(mlp, x, y, loss_fn, dtype=dtype)
 print(mlp_trace.table())
 
 # %% [markdown]
-# The `cast` column says who inserted each `_to_copy`: `autocast`, `explicit` (the code's
-# own, such as `h.float()`, or the op's) or `autograd` (a backward pass's). Before each
-# `addmm`, autocast cast the float32 weight and bias to 16-bit, and for the first layer the
-# input too (the shape tells which).
-#
-# The last column marks the computing ops whose result is float32, and why:
-# `<- autocast fp32`, autocast made it float32 (it cast a 16-bit input up, or asked the op
-# for a float32 result); `<- already fp32`, its inputs were float32 already.
-#
-# On a CPU `cross_entropy` is on autocast's float32 list: the logits are cast up (the
-# `(loss)` cast), and both its halves, `_log_softmax` and `nll_loss_forward`, run in float32.
+# The `cast` column says who inserted each `_to_copy`: `autocast`; `explicit`, the code
+# (`h.float()`) or the op itself, also when autocast asked the op for a float32 result;
+# `autograd`, a backward pass. Before each `addmm`, autocast cast the float32 weight and bias
+# to 16-bit, and for the first layer the input too (the shape tells which). The last column
+# marks float32 results: `<- autocast fp32` (autocast cast an input up, or asked for
+# float32) or `<- already fp32` (the inputs were float32). On a CPU `cross_entropy` is on
+# the float32 list: the `(loss)` cast.
 #
 # ## A transformer block: attention, softmax, layer_norm, GELU
 #
@@ -161,16 +157,15 @@ block_trace
 #
 # 1. Ops on the **lower-precision list** (matmul, `linear`, `bmm`, convolutions) get their
 #    float32 inputs cast to 16-bit and run in 16-bit.
-# 2. Ops on the **float32 list** (most losses, and others that differ by device: linear
-#    algebra on a CPU, `softmax` and `layer_norm` on CUDA and MPS, below) get their 16-bit
-#    inputs cast to float32 (or are asked for a float32 result) and run in float32. On CUDA,
-#    `binary_cross_entropy` is banned instead: it raises "... unsafe to autocast" (use
-#    `binary_cross_entropy_with_logits`).
-# 3. Every other op is left alone and runs in the dtype its inputs give it. The residual
-#    `add` gets the block's float32 input plus a 16-bit branch, and type promotion makes
-#    that float32 (`<- already fp32`), which is why the second `layer_norm`, like the first,
-#    got a float32 input. (A short `promote` list casts an op's inputs to the widest dtype
-#    among them: on a CPU `cat` and `stack`, on CUDA others, such as `dot` and `cross`.)
+# 2. Ops on the **float32 list** (most losses; by device others, such as linear algebra
+#    on a CPU, `softmax` and `layer_norm` on CUDA and MPS) get their 16-bit inputs cast to
+#    float32 (or are asked for a float32 result). On CUDA `binary_cross_entropy` is banned
+#    instead ("... unsafe to autocast"; use `binary_cross_entropy_with_logits`).
+# 3. Every other op runs in the dtype its inputs give it. The residual `add` of the
+#    float32 input and a 16-bit branch promotes to float32 (`<- already fp32`), so the
+#    second `layer_norm` also got a float32 input. (A short `promote` list casts an op's
+#    inputs to the widest among them: `cat` and `stack` on a CPU, `dot`, `cross` and
+#    others on CUDA.)
 #
 # Not every op promotes. **Predict**: with no autocast, on a CPU, what do a 16-bit
 # activation times a float32 weight, and normalizations of it with float32 weights, give?
@@ -185,8 +180,7 @@ print("group_norm:", norm.group_norm(h16, 4, w, b).dtype)
 print("batch_norm:", norm.batch_norm(h16, torch.zeros(16), torch.ones(16), w, b).dtype)
 
 # %% [markdown]
-# The product promotes; the CPU's normalizations keep their input's dtype, whatever their
-# weight's.
+# The product promotes; the CPU's normalizations keep their input's dtype.
 #
 # Convolutions are on the lower-precision list with the matmuls. A `Conv2d` on a float32
 # image, traced on its own:
@@ -214,8 +208,10 @@ print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 # turns the tensors into `FakeTensor`s on `"cuda"` (shape, dtype and device, no data),
 # switches CUDA's autocast on, and records the ops dispatched.
 #
-# A replay computes nothing and has no backward, and a weight used twice may show two casts
-# where the device casts once (autocast's cast cache).
+# A replay computes nothing and has no backward; a weight used twice may show two casts
+# where the device casts once (autocast's cast cache); and in a CPU-only build an op whose
+# CUDA kernel the build lacks replays as its decomposition (`rms_norm`: its
+# `_fused_rms_norm` has a CUDA kernel).
 #
 # The check: the tracer runs calls both ways on this device, for real and simulated, and
 # compares them op by op. On a CPU this checks the replay machinery against the CPU's own
@@ -263,26 +259,6 @@ op_dtypes([block_trace, cuda_block])
 # where a CPU keeps them 16-bit. If a softmax or a normalization must be float32 on every
 # device, say so explicitly (the `enabled=False` section below shows how).
 #
-# ### An op on no list can cast inside itself
-#
-# `torch.rms_norm` upcasts a 16-bit input to float32, normalizes, and casts back; the
-# tracer labels those casts `explicit`, the op's own, unless this device's autocast has a
-# kernel for `rms_norm`. The CPU's has none. CUDA's has one from torch 2.12 on, which puts
-# `rms_norm` on CUDA's float32 list, and none in torch 2.11 (pytorch/pytorch#174824). A
-# private API says whether autocast has a kernel for an op on a device type (not which
-# list); the second cell prints what this release has:
-
-# %%
-print(trace_fn(partial(torch.rms_norm, torch.randn(4, 16, device=device).to(dtype), (16,)),
-               device=device, dtype=dtype).table())
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-print(f"torch {torch.__version__}: aten::rms_norm  AutocastCPU {has_kernel('aten::rms_norm', 'AutocastCPU')}, "
-      f"AutocastCUDA {has_kernel('aten::rms_norm', 'AutocastCUDA')}")
-
-# %% [markdown]
 # ## The loss on CUDA, and the calls autocast skips
 #
 # The docs list `cross_entropy` among CUDA's float32 ops, but CUDA's autocast has no
@@ -301,8 +277,9 @@ print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype, w
 # - on CUDA, calls that pass an explicit `dtype=` to an op of the `fp32_set_opt_dtype`
 #   policy.
 #
-# The AMP docs ("Op Eligibility") say the last of every device; a CPU has no such policy,
-# and still casts the input of `prod(x, 1, dtype=x.dtype)` to float32 (the last line). Each,
+# The AMP docs ("Op Eligibility") say the last of every device, but a CPU has no such
+# policy: `prod` is on its float32 list, so autocast casts the input up, and the named
+# dtype makes the result 16-bit again (the last line; MPS does the same, below). Each,
 # traced next to a call that autocast does handle:
 
 # %%
@@ -328,11 +305,8 @@ print(probe_table(["sum(x)", "mean(x)"], dtype))
 #
 # ## Apple GPUs (MPS)
 #
-# Autocast on MPS came in torch 2.5 for float16
-# ([pytorch#99272](https://github.com/pytorch/pytorch/pull/99272)) and 2.6 for bfloat16
-# ([pytorch#139390](https://github.com/pytorch/pytorch/pull/139390), macOS 14 or later); its
-# lists are the `AutocastMPS` block of `autocast_mode.cpp`. The column below is a replay that
-# no Apple hardware has checked:
+# Autocast on MPS came in torch 2.5 for float16 and 2.6 for bfloat16 (macOS 14 or later).
+# The column below is a replay that no Apple hardware has checked:
 
 # %%
 mps_columns = [device, "mps (simulated)"]
@@ -340,8 +314,9 @@ print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "cross_en
                   dtype, mps_columns, width=100))
 
 # %% [markdown]
-# On MPS each float32 op gets its own cast, with no `dtype=` shortcut: autocast casts
-# `cross_entropy`'s log-softmax input up, and the named dtype casts it back.
+# On MPS each float32 op gets its own cast, even under a named `dtype=`: `cross_entropy`'s
+# log-softmax input goes up to float32 and straight back, a round-trip like `prod`'s on the
+# CPU.
 #
 # ## A region that must run in float32: `autocast(enabled=False)`
 #
@@ -390,11 +365,11 @@ for name, p in mlp.named_parameters():
     print(f"{name:<9} parameter {p.dtype}   grad {p.grad.dtype}")
 
 # %% [markdown]
-# The backward pass ran its matmuls in 16-bit as well (the `(backward)` row): with autocast
-# off, each backward op runs in the dtype its forward op chose. Every cast, listed below: a
-# forward cast of a tensor that needs a gradient has a backward, a cast the other way
-# (`autograd`), so a weight's gradient arrives in float32; the input `x` needs no gradient,
-# and its cast has none.
+# With autocast off, each backward op runs in the dtype its forward op chose, so the
+# backward matmuls ran in 16-bit too (the `(backward)` row of the summary below). A forward
+# cast of a tensor that needs a gradient has a backward, a cast the other way (`autograd`),
+# so a weight's gradient arrives in float32; the input `x` needs no gradient, and its cast
+# has none. The summary, then every cast:
 
 # %%
 print(mlp_backward.summary(), "\n")
@@ -422,24 +397,24 @@ print("identical gradients:", all(torch.equal(a, b) for a, b in grads),
 
 # %% [markdown]
 # What changes follows this device's lists (for the block on a CPU, nothing). The float32
-# region above does change: its forward ran in float32, but called inside the context, its
-# backward matmuls are on autocast's list again:
+# region above does change: its forward runs in float32, but called inside the context, its
+# backward matmul is on autocast's list again. The `head` region, traced with its backward:
 
 # %%
-def head_weight_grad(backward_inside: bool) -> torch.Tensor:
-    head.weight.grad = None
+def head_backward(backward_inside: bool) -> None:
     with torch.autocast(device, dtype=dtype):
         with torch.autocast(device, enabled=False):
-            out = head(mlp[0](x).float())
+            out = head(x)  # float32
         if backward_inside:
             out.square().mean().backward()
     if not backward_inside:
         out.square().mean().backward()
-    return head.weight.grad
 
 
-print("head.weight.grad identical, backward inside vs outside:",
-      torch.equal(head_weight_grad(True), head_weight_grad(False)))
+for inside in (True, False):
+    ran = trace_fn(partial(head_backward, inside), device=device, enabled=False)
+    matmuls = " ".join(f"mm->{short(r.dtype)}" for r in ran.ops("mm"))
+    print("backward", "inside: " if inside else "outside:", matmuls)
 
 # %% [markdown]
 # ## Custom autograd functions: `custom_fwd` and `custom_bwd`
@@ -512,8 +487,9 @@ print("out", out.dtype, "| a.grad", a.grad.dtype, "| b.grad", b.grad.dtype)
 # %% [markdown]
 # For an op that must run in float32 (a kernel written only for float32, say),
 # `custom_fwd(device_type=..., cast_inputs=torch.float32)` does what the `enabled=False`
-# section did by hand: it casts the floating-point inputs to float32 and runs `forward`
-# with autocast off. Traced with a 16-bit input:
+# section did by hand, when called inside an autocast region (outside one it does nothing):
+# it casts the floating-point inputs to float32 and runs `forward` with autocast off.
+# Traced under autocast with a 16-bit input:
 
 # %%
 class Float32Matmul(AmpMatmul):  # AmpMatmul's backward, a float32 forward
@@ -604,20 +580,24 @@ check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype
 #   `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP docs' "Autocast
 #   Op Reference" (`docs/source/amp.md`).
 # - The calls autocast skips (in-place, `out=`, float64, an explicit `dtype=`): "Op
-#   Eligibility" in `docs/source/amp.md`, which says it of every device (the `prod` line
-#   above is the CPU's exception).
+#   Eligibility" in `docs/source/amp.md`, which says it of every device (`prod` on the
+#   CPU's float32 list: the `AutocastCPU` block).
+# - The cast cache (16-bit casts of float32 leaf tensors that require grad): `cached_cast`
+#   in `aten/src/ATen/autocast_mode.cpp`; dropped when the outermost region exits:
+#   `torch/amp/autocast_mode.py`.
 # - `cross_entropy` as `log_softmax(x, 1, dtype=x.dtype)` then `nll_loss`:
 #   `cross_entropy_loss` in `aten/src/ATen/native/LossNLL.cpp`; a float16 CUDA softmax read
 #   directly (`half_to_float`): `softmax` in `aten/src/ATen/native/SoftMax.cpp`.
-# - `rms_norm` on CUDA's float32 list from torch 2.12 (none in 2.11): pytorch/pytorch#174824,
-#   and its consequences in pytorch/pytorch#188955.
+# - `rms_norm` calling `_fused_rms_norm` (a CUDA kernel, else a decomposition):
+#   `rms_norm_symint` in `aten/src/ATen/native/layer_norm.cpp`.
 # - Backward ops running in the dtype autocast chose for their forward op, and backward
 #   outside autocast: "Autocasting" in `docs/source/amp.md`.
-# - `custom_fwd` and `custom_bwd` (and `cast_inputs`): `torch/amp/autocast_mode.py`, where
-#   `custom_bwd` reads the `_fwd_used_autocast` that `custom_fwd` sets.
+# - `custom_fwd` and `custom_bwd` (and `cast_inputs`, a no-op outside autocast):
+#   `torch/amp/autocast_mode.py`, where `custom_bwd` reads the `_fwd_used_autocast` that
+#   `custom_fwd` sets.
 # - Lesson 00's precision by compute capability: `amp_lessons.hardware.recommend`.
 # - Autocast on MPS: pytorch/pytorch#99272 (float16, release 2.5) and #139390 (bfloat16,
-#   release 2.6).
+#   release 2.6, macOS 14 or later).
 # - The tracer sitting below autocast: `TorchDispatchMode` in
 #   `torch/utils/_python_dispatch.py`; the autocast dispatch keys in
 #   `c10/core/DispatchKey.h`.

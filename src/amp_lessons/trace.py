@@ -386,7 +386,8 @@ class _OwnCasts:
 
     Autocast casts an op's inputs with its own dispatch key excluded, so those casts never
     pass through it. Every other cast does: the code's ``.float()``, and the casts inside an
-    op that autocast has no kernel for (``torch.rms_norm`` upcasts and casts back itself).
+    op that autocast has no kernel for (``torch.rms_norm``'s decomposition, as a CPU runs it,
+    upcasts and casts back itself).
     While active, a kernel on the autocast keys for ``_to_copy`` notes each cast passing
     through, then runs it as before.
 
