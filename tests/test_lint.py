@@ -657,3 +657,10 @@ def test_fused_optimizer_skips_as_the_scheduler_message_says():
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
     assert len(fired) == 3
     assert [float(s["step"]) for s in opt.state.values()] == [1.0, 1.0]
+
+
+def test_a_finding_prints_its_kind_as_the_command_line_does():
+    found = check_loop(BACKWARD_INSIDE)
+    (note,) = [f for f in found if f.code == "backward-in-autocast"]
+    assert str(note).startswith(f"line {note.line}: note: [backward-in-autocast] ")
+    assert all(str(f).startswith(f"{f.where}: {f.kind}: [{f.code}]") for f in found)
