@@ -17,18 +17,16 @@
 # # 06 · The messages you will meet
 #
 # What you search for, when mixed precision goes wrong, is an error message. This lesson
-# makes the AMP mistakes that come up again and again in PyTorch's and Hugging Face's issue
-# trackers, on purpose, each from a loop a few lines long: the message as torch prints it,
-# the loop that makes it, why, and the fix running. Six of them print no message at all
-# (the "(none)" rows of the index at the end): the ones to fear. Then a checker,
-# `python -m amp_lessons lint`, that names the mistakes it can see in a training loop's
-# source without running it.
+# makes AMP mistakes on purpose, each from a loop a few lines long: the message as torch
+# prints it (most with an issue thread where someone met it), the loop that makes it, why,
+# and the fix running. Six print no message at all (the "(none)" rows of the index at the
+# end): the ones to fear. Then a checker, `python -m amp_lessons lint`, that names the
+# mistakes it can see in a training loop's source without running it.
 #
-# Every loop runs on the CPU (a tiny 8 -> 16 -> 4 network), so the messages, as this torch
-# release words them, are the same on every machine. The CUDA ones are *replayed* (CUDA
-# autocast's dispatch on fake CUDA tensors), *simulated* (a GPU's device queries) or
-# *quoted* (with the torch file that prints them); on a GPU, `python -m amp_lessons
-# selfcheck` runs section 10 for real, and section 11 on a pre-Ampere GPU.
+# Every loop runs on the CPU (a tiny 8 -> 16 -> 4 network), so the messages are the same on
+# every machine. CUDA's are replayed on fake CUDA tensors, simulated, or quoted from the
+# torch file that prints them; on a GPU, `python -m amp_lessons selfcheck` runs section 10
+# for real.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -213,63 +211,45 @@ print(f"weights {next(model.parameters()).dtype}; scaler on: {scaler.is_enabled(
 # ## 5. "mat1 and mat2 must have the same dtype"
 #
 # A 16-bit activation leaves the autocast block and meets a float32 layer outside it. Here
-# the network's body runs under autocast and its head after the `with` block
-# (the same happens in a custom op that mixes a 16-bit input with float32 weights):
+# the network's body runs under autocast and its head after the `with` block. **Predict**
+# what `head(h)` does:
 
 # %%
 print(inspect.getsource(errors.head_outside_autocast))
 body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
 head = torch.nn.Linear(16, 4)
 x = torch.randn(4, 8)
-
-# %% [markdown]
-# **Predict** what `head(h)` does:
-
-# %%
 with expect_error(RuntimeError):
     errors.head_outside_autocast(body, head, x, dtype=torch.bfloat16)
 
 # %% [markdown]
 # Inside autocast, `linear` casts its input, weight and bias to 16 bits. Outside, nothing
-# is cast: a bfloat16 activation meets a float32 weight and the matmul refuses. That was a
-# `Linear` with a bias; without one the CPU words it differently:
-
-# %%
-with torch.autocast("cpu", dtype=torch.bfloat16):
-    h = body(x)
-with expect_error(RuntimeError):
-    torch.nn.functional.linear(h, head.weight)  # no bias
-
-# %% [markdown]
-# So search for "same dtype". On CUDA (by source, not run here) a `Linear` with a bias on
-# a 2-D input says what the CPU says; without one, `expected mat1 and mat2 to have the same
-# dtype, but got: ...` (Sources). Two fixes: run the head under autocast too, or cast at
-# the edge (`head(h.float())`) when it must stay float32.
+# is cast: a bfloat16 activation meets a float32 weight and the matmul refuses. Two fixes:
+# run the head under autocast too, or cast at the edge (`head(h.float())`) when it must
+# stay float32.
 
 # %%
 print(errors.fix_diff(errors.head_outside_autocast, errors.head_inside_autocast))
 print(errors.head_inside_autocast(body, head, x, dtype=torch.bfloat16).dtype)
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    h = body(x)
 print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 
 # %% [markdown]
-# A convolution with a bias says it in its own words, on every device (it checks the bias's
-# dtype before it picks a backend: Sources). The same loop, with a convolutional body and
-# head:
+# Other layers word the same mistake their own way (the index lists them, CUDA's by
+# source): a `Linear` without a bias, a convolution with one, and one without (a
+# convolution followed by BatchNorm, as in ResNets), here with oneDNN off, as on a CPU
+# where oneDNN does not take bfloat16 (Sources):
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
-conv_head = torch.nn.Conv2d(4, 2, 3)
+image = torch.randn(1, 3, 8, 8)
 with expect_error(RuntimeError):
-    errors.head_outside_autocast(conv_body, conv_head, torch.randn(1, 3, 8, 8), dtype=torch.bfloat16)
-
-# %% [markdown]
-# Without a bias (a convolution followed by BatchNorm, as in ResNets) the backend checks,
-# and the CPU decides which: oneDNN where it takes bfloat16 (its words are in the index),
-# else the native kernel, in section 12's words, shown here with oneDNN off (Sources):
-
-# %%
+    torch.nn.functional.linear(h, head.weight)
+with expect_error(RuntimeError):
+    errors.head_outside_autocast(conv_body, torch.nn.Conv2d(4, 2, 3), image, dtype=torch.bfloat16)
 with errors.without_onednn(), expect_error(RuntimeError):
-    errors.head_outside_autocast(conv_body, torch.nn.Conv2d(4, 2, 3, bias=False), torch.randn(1, 3, 8, 8))
+    errors.head_outside_autocast(conv_body, torch.nn.Conv2d(4, 2, 3, bias=False), image)
 
 # %% [markdown]
 # ## 6. inf in float16, then a NaN loss
@@ -311,7 +291,7 @@ print(errors.overflow_report(*errors.attention(q, k, v, dtype=torch.float16, sca
 
 # %% [markdown]
 # float16's short range raises one message of its own, from attention code written for
-# float32: masking scores with `-1e9`, a number float16 cannot hold:
+# float32: masking scores with `-1e9`, a number float16 cannot hold (NVIDIA/apex#1052):
 
 # %%
 print(inspect.getsource(errors.masked_scores))
@@ -403,9 +383,9 @@ print(at_least("after 24 steps the cross entropy is at least 5x that of the run 
 
 # %% [markdown]
 # Forgotten, the first steps overflow: `scaler.scale(loss)` multiplies the penalty's
-# gradient by S once more, and backward carries S·S (2^32 at the start) through the first
-# backward's float16 matmuls, past float16's largest value. Each skip halves S until the
-# steps go through; then training runs on a penalty S times too large, with no message and
+# gradient by S once more, so the backward's float16 matmuls multiply terms S·S times too
+# large, and while S is large their products overflow. Each skip halves S until the steps
+# go through; then training runs on a penalty S times too large, with no message and
 # a few skips that look like GradScaler finding its scale (lesson 03).
 #
 # ## 10. "binary_cross_entropy ... unsafe to autocast"
@@ -478,7 +458,8 @@ with expect_error(AssertionError):
 # %% [markdown]
 # `scaler.step(opt)` unscales the optimizer's gradients and records, per device, whether
 # they hold an inf. An optimizer none of whose parameters has a gradient records nothing,
-# and `step` refuses it. Step only the optimizer whose model had a backward:
+# and `step` refuses it (a `fused=True` optimizer's is stepped unchecked: Sources). Step
+# only the optimizer whose model had a backward:
 
 # %%
 print(errors.fix_diff(errors.train_alternating_stepping_both, errors.train_alternating))
@@ -544,9 +525,8 @@ print(listing(source))
 check_loop(source)
 
 # %% [markdown]
-# Lesson 04's three bugs, and one *note*, line 12 (`backward-in-autocast`): lesson 04
-# measured the same gradients inside and outside for its model; the note says where they
-# may differ. From a shell, `python -m amp_lessons lint train.py` (files, notebooks cell by
+# Lesson 04's three mistakes, and one note, line 12: lesson 04 measured the same gradients
+# inside and outside for its model on the CPU; the note says where they may differ. From a shell, `python -m amp_lessons lint train.py` (files, notebooks cell by
 # cell, directories) prints one line per finding and exits with 1 on a mistake (notes
 # alone: 0), 2 when a file cannot be read or parsed (named; the rest go on); `--format json`
 # serves an editor or CI, `.pre-commit-hooks.yaml` pre-commit:
@@ -566,34 +546,34 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         print("exit status", main(["lint", "pasted.py"]))
 
 # %% [markdown]
-# What it cannot see is what happens at run time: an overflow (6), a dtype at the autocast
-# edge (5), a penalty built from scaled gradients (9), a device's autocast lists (10) and
-# what it answers about bfloat16 (11). For those, the messages above.
+# What it cannot see is what happens at run time: a dtype at the autocast edge (5, 12), an
+# overflow (6), a penalty built from scaled gradients (9), a device's autocast lists (10),
+# what it answers about bfloat16 (11, 12), an optimizer without gradients (12).
 #
 # ## The index
 #
-# | message or symptom | cause | revisit |
+# | message or symptom | cause | where |
 # |---|---|---|
-# | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway | 03, section 1 |
-# | (none) the schedule a step ahead of the training | a skipped step after the first (any skipped step, with a `fused=True` optimizer), and the scheduler stepped anyway | 03, section 1 |
-# | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | 04, section 2 |
+# | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway | section 1; lesson 03 |
+# | (none) the schedule a step ahead of the training | a skipped step after the first (any skipped step, with a `fused=True` optimizer), and the scheduler stepped anyway | section 1; lesson 03 |
+# | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | section 2; lesson 04 |
 # | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` between two optimizers' `scaler.step` | section 3 |
 # | (none) a scheduler falls behind its optimizer | schedulers stepped on the shared scale; one model overflowed | section 3 |
-# | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | 05, section 4 |
-# | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | 02, section 5 |
+# | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | section 4; lesson 05 |
+# | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | section 5; lesson 02 |
 # | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU) | the same, at a `Linear` without a bias | section 5 |
 # | `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
 # | `Input type (c10::BFloat16) and bias type (float) should be the same` (every device, by source) | the same, at a convolution with a bias | section 5 |
 # | `Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same or input should be a MKLDNN tensor ...` (CPU, oneDNN; by source) | the same, at a convolution without a bias | section 5 |
 # | `expected scalar type BFloat16 but found Float` (CPU, native kernel) | the same, at a convolution without a bias | section 5 |
-# | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | 01, 03, section 6 |
+# | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | section 6; lessons 01 and 03 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
-# | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | 03, section 8 |
+# | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | section 8; lesson 03 |
 # | (none) the first steps skipped, then a penalty S times too large | a gradient penalty from scaled gradients | section 9 |
-# | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | 02, section 10 |
-# | (none) bf16 "supported" on a T4, yet emulated: slow (and a bfloat16 depthwise convolution failing in one project's CI) | `is_bf16_supported()` counts emulation | 00, section 11 |
-# | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on an optimizer whose parameters have no gradients | section 12 |
+# | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | section 10; lesson 02 |
+# | (none) bf16 "supported" on a T4, yet emulated: slow (and a bfloat16 depthwise convolution failing in one project's CI) | `is_bf16_supported()` counts emulation | section 11; lesson 00 |
+# | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on a non-fused optimizer whose parameters have no gradients | section 12 |
 # | `expected scalar type BFloat16 but found Float` (CPU; CUDA's wording not checked) | one op's inputs in two dtypes (a `.to(torch.bfloat16)` model, float32 class weights) | section 12 |
 # | `Current CUDA Device does not support bfloat16. Please switch dtype to float16.` | bf16 CUDA autocast where `is_bf16_supported()` is False | section 12 |
 #
@@ -610,13 +590,11 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 #
 # ## Watch out
 #
-# - Six of these mistakes print nothing (the index's "(none)" rows), and a scaler switched
-#   off by `GradScaler()` without CUDA prints one warning, easy to miss in a log. Run
-#   `python -m amp_lessons lint` on your training script.
+# - A scaler switched off by `GradScaler()` without CUDA prints one warning, easy to miss in
+#   a log: `python -m amp_lessons lint` names it from the source.
 # - A NaN loss in float16: look for the first inf (section 6's long sums) before blaming
 #   the learning rate.
 # - On CUDA, use `BCEWithLogitsLoss`; on a T4, ask `is_bf16_supported(including_emulation=False)`.
-# - Reading `scaler.get_scale()` on CUDA waits for the GPU; read it once per step at most.
 
 # %% [markdown]
 # ## Exercise: three mistakes, one loop
@@ -649,8 +627,10 @@ check_two_model_loop(my_loop)
 # What this lesson says of PyTorch that no cell runs on this machine:
 #
 # - `get_scale()` copies the scale with `.item()`, `step` raises "No inf checks were
-#   recorded" when an optimizer recorded none, and calls a `fused=True` optimizer's `step`
-#   at every step: `torch/amp/grad_scaler.py`.
+#   recorded" when a non-fused optimizer recorded none, and calls a `fused=True` optimizer's
+#   `step` at every step, before that check: `torch/amp/grad_scaler.py`.
+# - CUDA autocast runs `sum` in float32 (`AT_FORALL_FP32_SET_OPT_DTYPE`,
+#   `aten/src/ATen/autocast_mode.h`), the op of a `Linear`'s bias gradient.
 # - CUDA's wording of the bias-free matmul dtype mismatch: `addmm_out_cuda_impl` in
 #   `aten/src/ATen/native/cuda/Blas.cpp`.
 # - "Current CUDA Device does not support bfloat16", and "CUDA is not available or

@@ -435,7 +435,7 @@ def test_exercise_refuses_an_update_between_the_steps():
     verdict = check_two_model_loop(updating_between_the_steps)
     text = str(verdict)
     assert not verdict.passed
-    assert "bug: in 4 of 4 batches a scaler.step ran after that batch's scaler.update()" in text
+    assert "bug: in 4 of 4 batches a scaler.update() ran between that batch's scaler.scale and its last" in text
     assert "check_loop: a mistake of the kind lesson 06 shows: update-per-optimizer" in text
     rows = errors.two_optimizer_run(errors.step_two_optimizers, steps=1, growth_interval=2000, overflow=(0,))
     assert rows[0][2] == [None, 1.0]  # one update after both steps: model 2 at its true gradient
@@ -556,3 +556,120 @@ def test_exercise_refuses_a_guard_that_only_knows_the_first_skip():
     verdict = check_two_model_loop(guarding_the_schedulers_by_batch_number)
     assert not verdict.passed
     assert "moved on for a step GradScaler skipped" in str(verdict)
+
+
+def _guarded_two_model_loop(make_scaler, update_at_top=False, scalers_per_model=False):
+    """A right loop (schedulers guarded by step post-hooks), with the scaler built by ``make_scaler``."""
+    def loop(models, optimizers, schedulers, batches):
+        scalers = [make_scaler() for _ in models] if scalers_per_model else [make_scaler()] * len(models)
+        ran = set()
+        for opt in optimizers:
+            opt.register_step_post_hook(lambda opt, args, kwargs: ran.add(opt))
+        for i, (x, y) in enumerate(batches):
+            if update_at_top and i:
+                scalers[0].update()
+            with torch.autocast("cpu", dtype=torch.float16):
+                losses = [torch.nn.functional.cross_entropy(m(x), y) for m in models]
+            if scalers_per_model:
+                for scaler, loss in zip(scalers, losses):
+                    scaler.scale(loss).backward()
+            else:
+                scalers[0].scale(sum(losses)).backward()
+            ran.clear()
+            for scaler, opt in zip(scalers, optimizers):
+                scaler.step(opt)
+            if scalers_per_model:
+                for scaler in scalers:
+                    scaler.update()
+            elif not update_at_top:
+                scalers[0].update()
+            for opt, scheduler in zip(optimizers, schedulers):
+                if opt in ran:
+                    scheduler.step()
+                opt.zero_grad(set_to_none=True)
+        if update_at_top:
+            scalers[0].update()
+    return loop
+
+
+def test_exercise_records_a_gradscaler_imported_by_name():
+    from torch.amp import GradScaler
+
+    verdict = check_two_model_loop(_guarded_two_model_loop(lambda: GradScaler("cpu")))
+    assert verdict.passed, str(verdict)
+    assert "fixed: the GradScaler is built for the cpu and is on" in str(verdict)
+
+
+def test_exercise_catches_a_scaler_imported_by_name_without_a_device():
+    from torch.amp import GradScaler
+
+    verdict = check_two_model_loop(_guarded_two_model_loop(GradScaler))
+    assert not verdict.passed
+    assert "bug: the GradScaler was built without a device" in str(verdict)
+
+
+def test_exercise_accepts_update_at_the_top_of_the_next_iteration():
+    verdict = check_two_model_loop(_guarded_two_model_loop(lambda: torch.amp.GradScaler("cpu"), update_at_top=True))
+    assert verdict.passed, str(verdict)
+    assert "fixed: scaler.update() ran once per batch, after its last scaler.step (4 times for 4 batches)" \
+        in str(verdict)
+
+
+def test_exercise_accepts_one_scaler_per_model():
+    verdict = check_two_model_loop(_guarded_two_model_loop(lambda: torch.amp.GradScaler("cpu"),
+                                                           scalers_per_model=True))
+    text = str(verdict)
+    assert verdict.passed, text
+    assert "fixed: the 2 GradScalers are built for the cpu and are on" in text
+    assert "fixed: scaler.update() ran once per batch, after its last scaler.step ([4, 4] times" in text
+
+
+def test_exercise_catches_a_second_scaler_built_without_a_device():
+    made = []
+
+    def make():
+        made.append(torch.amp.GradScaler("cpu") if not made else torch.amp.GradScaler())
+        return made[-1]
+
+    verdict = check_two_model_loop(_guarded_two_model_loop(make, scalers_per_model=True))
+    assert not verdict.passed
+    assert "bug: the GradScaler was built without a device" in str(verdict)
+
+
+def test_exercise_catches_a_missing_update_after_a_batch():
+    def loop(models, optimizers, schedulers, batches):
+        scaler = torch.amp.GradScaler("cpu")
+        for i, (x, y) in enumerate(batches):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+            scaler.scale(loss).backward()
+            for opt, scheduler in zip(optimizers, schedulers):
+                scaler.step(opt)
+                scheduler.step()
+                opt.zero_grad(set_to_none=True)
+            scaler.update()
+            if i == 1:
+                scaler.update()  # twice after batch 1, never after batch 3
+                break
+
+    text = str(check_two_model_loop(loop))
+    assert "bug: scaler.update() ran 3 times for the 2 batches your loop scaled" in text
+
+
+def test_exercise_says_there_is_no_scaler_in_a_scaler_free_loop():
+    def bf16_loop(models, optimizers, schedulers, batches):
+        for x, y in batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+            loss.backward()
+            for opt, scheduler in zip(optimizers, schedulers):
+                opt.step()
+                scheduler.step()
+                opt.zero_grad(set_to_none=True)
+
+    verdict = check_two_model_loop(bf16_loop)
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: no GradScaler was built in the loop: the exercise trains in float16" in text
+    assert "kept it from the scaler" not in text and "scaler.update() ran" not in text
+    assert "not seen yet: without a GradScaler no step is skipped" in text

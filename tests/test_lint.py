@@ -623,10 +623,44 @@ def test_backward_in_autocast_note_names_where_the_gradients_may_differ():
     (note,) = [f for f in check_loop(BACKWARD_INSIDE) if f.code == "backward-in-autocast"]
     assert note.kind == "note"
     assert "autocast(enabled=False)" in note.message and "custom_fwd/custom_bwd" in note.message
-    assert "may get 16-bit matmuls" in note.message and "come out the same" in note.message
+    assert "may get 16-bit matmuls" in note.message and "On the CPU the gradients come out the same" in note.message
+    assert "on CUDA, whose autocast keeps sum (the bias gradients' op) in float32, their bits may differ" \
+        in note.message
 
 
 def test_scheduler_message_tells_several_optimizers_from_one():
     (finding,) = check_loop(SCHEDULER_AFTER_A_LOOP_OF_STEPS)
     assert "with one optimizer, when scaler.get_scale() did not drop" in finding.message
-    assert "when its own optimizer stepped (optimizer.register_step_post_hook)" in finding.message
+    assert "when its own optimizer stepped (optimizer.register_step_post_hook, which a fused=True" in finding.message
+    assert "only when the first step is skipped, and never for a fused=True optimizer" in finding.message
+
+
+def test_fused_optimizer_skips_as_the_scheduler_message_says():
+    """What the message says of fused=True: no warning, the post-hook fires on skipped steps, the
+    step count does not move."""
+    import warnings
+
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    sched, scaler, fired = torch.optim.lr_scheduler.StepLR(opt, 1), torch.amp.GradScaler("cpu"), []
+    opt.register_step_post_hook(lambda *_: fired.append(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for value in (float("inf"), float("inf"), 1.0):
+            opt.zero_grad()
+            scaler.scale(model(torch.full((1, 4), value)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    assert len(fired) == 3
+    assert [float(s["step"]) for s in opt.state.values()] == [1.0, 1.0]
+
+
+def test_a_finding_prints_its_kind_as_the_command_line_does():
+    found = check_loop(BACKWARD_INSIDE)
+    (note,) = [f for f in found if f.code == "backward-in-autocast"]
+    assert str(note).startswith(f"line {note.line}: note: [backward-in-autocast] ")
+    assert all(str(f).startswith(f"{f.where}: {f.kind}: [{f.code}]") for f in found)

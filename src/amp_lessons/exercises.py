@@ -4,12 +4,14 @@ returns a :class:`Verdict` that says what is right and what is still wrong.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 
 from .claims import measured
-from .clipping import backward_inside_autocast_matches, record_amp_calls
+from .clipping import AmpCallLog, _Tracker, backward_inside_autocast_matches, record_amp_calls
 from .clipping import lesson_model as clipping_lesson_model
 from .data import digits
 from .distributed import policy_label, policy_stages
@@ -884,15 +886,67 @@ class _MarkedBatches(list):
         """The indices of the batches during which the loop called ``scaler.scale``."""
         return [i for i, calls in enumerate(self.spans()) if any(c.name == "scale" for c in calls)]
 
-    def stepped_after_update(self) -> list[int]:
-        """The batches in which a ``scaler.step`` ran after that batch's ``scaler.update()``
-        (its optimizer's gradients, made at the old scale, unscaled by the new one)."""
-        out = []
-        for i, calls in enumerate(self.spans()):
-            names = [c.name for c in calls if c.name in ("step", "update")]
-            if "update" in names and "step" in names[names.index("update"):]:
-                out.append(i)
-        return out
+
+
+class _OneScalerLog:
+    """06's exercise: the shared call log as one GradScaler writes to it (each call tagged with
+    the scaler's index in ``log.scalers``)."""
+
+    def __init__(self, log, index):
+        self.log, self.index = log, index
+
+    def add(self, name, **info):
+        self.log.add(name, scaler=self.index, **info)
+
+
+@contextlib.contextmanager
+def _record_every_scaler():
+    """06's exercise: log every GradScaler built inside and its scale/unscale_/step/update
+    calls, however the loop imported the class (``torch.amp.GradScaler``, ``from torch.amp
+    import GradScaler``, ``torch.cuda.amp.GradScaler``): the class's own ``__init__`` is
+    wrapped, and restored on exit. Yields the :class:`~amp_lessons.clipping.AmpCallLog`."""
+    log, cls = AmpCallLog(), torch.amp.grad_scaler.GradScaler
+    real_init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        log.scalers.append({"device_given": bool(args) or "device" in kwargs, "device": str(self._device),
+                            "enabled": self.is_enabled()})
+        log.trackers.append(_Tracker(self, _OneScalerLog(log, len(log.scalers) - 1)))
+
+    cls.__init__ = __init__
+    try:
+        yield log
+    finally:
+        cls.__init__ = real_init
+        for t in log.trackers:
+            t.unwrap()
+
+
+def _update_order(log, marks) -> tuple[list[int], list[int], list[int], list[int]]:
+    """06's exercise, per GradScaler and across batches: (its ``update()`` count, how many
+    batches it scaled, the batches in
+    which an update fell between that scaler's ``scale`` and its last ``step``, the batches not
+    followed by exactly one update before the scaler's next ``scale``). An update at the top
+    of the next iteration counts for the batch before it. ``marks``: where each batch began."""
+    counts, fed, inside, unmatched = [], [], set(), set()
+    for k in range(len(log.scalers)):
+        calls = [(pos, c.name) for pos, c in enumerate(log.calls) if c.info.get("scaler") == k]
+        counts.append(sum(name == "update" for _, name in calls))
+        batch_of = {pos: bisect.bisect_right(marks, pos) - 1 for pos, _ in calls}
+        scaled = sorted({batch_of[pos] for pos, name in calls if name == "scale"})
+        fed.append(len(scaled))
+        for i, nxt in zip(scaled, [*scaled[1:], None]):
+            first = min(pos for pos, name in calls if name == "scale" and batch_of[pos] == i)
+            last = max([first] + [pos for pos, name in calls if name == "step" and batch_of[pos] == i])
+            end = len(log.calls) if nxt is None else min(
+                pos for pos, name in calls if name == "scale" and batch_of[pos] == nxt)
+            updates = [pos for pos, name in calls if name == "update"]
+            if any(first < pos < last for pos in updates):
+                inside.add(i)
+            if sum(last < pos < end for pos in updates) != 1:
+                unmatched.add(i)
+    return counts, fed, sorted(inside), sorted(unmatched)
 
 
 def _overflow_in_model_1(model, batches, at: int) -> None:
@@ -910,7 +964,12 @@ def _overflow_in_model_1(model, batches, at: int) -> None:
 
 def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad, one_model):
     """06's exercise: what the schedulers and optimizers did, as findings. ``bad``: the batches
-    whose input holds an inf; ``one_model``: the batch at which only model 1 overflows."""
+    whose input holds an inf; ``one_model``: the batch at which only model 1 overflows; ``fed``
+    is None when the loop built no GradScaler."""
+    if fed is None:
+        bug("not seen yet: without a GradScaler no step is skipped, so the schedulers' guard could not be "
+            "checked")
+        return
     skipped_by_hand = [i for i in bad if i not in fed]
     clean = [i for i in fed if i not in bad]
     expected = [len([i for i in clean if i != one_model]), len(clean)]
@@ -948,22 +1007,48 @@ def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, ste
                         f"model 1's alone at batch {one_model})")
 
 
+def _two_model_update_finding(bug, findings, log, batches, fed, steps) -> None:
+    """06's exercise: each GradScaler's ``update()``, by its order across batches."""
+    counts, scaled, inside, unmatched = _update_order(log, batches.marks)
+    updates = counts[0] if len(counts) == 1 else counts
+    trained = f"the {len(fed)} batches your loop scaled" if len(fed) < steps else f"{steps} batches"
+    if counts != scaled or not fed:
+        bug(f"scaler.update() ran {updates} times for {trained}: the scale it changes is the one the "
+            "next scaler.step unscales with (section 3)")
+    elif inside:
+        bug(f"in {len(inside)} of {len(fed)} batches a scaler.update() ran between that batch's scaler.scale "
+            "and its last scaler.step: that optimizer's gradients, made at the old scale, were unscaled with "
+            "the new one (section 3)")
+    elif unmatched:
+        bug(f"between batch {unmatched[0]}'s last scaler.step and the next batch's scaler.scale, "
+            "scaler.update() did not run exactly once: the scale it changes is the one the next "
+            "scaler.step unscales with (section 3)")
+    else:
+        findings.append(f"fixed: scaler.update() ran once per batch, after its last scaler.step ({updates} "
+                        f"times for {trained})")
+
+
 def _two_model_scaler_finding(bug, findings, log, finite: bool) -> bool:
-    """06's exercise: the GradScaler; True when it is built right. A scaler that is off also
-    explains weights that hold inf/NaN, and says so."""
+    """06's exercise: every GradScaler the loop built; True when each is built right. A scaler
+    that is off also explains weights that hold inf/NaN, and says so."""
     spoiled = "" if finite else ", and the batches with an inf reached the weights (they now hold inf/NaN)"
     if not log.scalers:
-        bug(f"no torch.amp.GradScaler was built in the loop: float16 needs one (lesson 03){spoiled}")
-    elif not log.scalers[0]["device_given"]:
-        bug("the GradScaler was built without a device: without CUDA it warned and disabled itself, "
-            f"so nothing was scaled or skipped (section 8){spoiled}")
-    elif not log.scalers[0]["enabled"]:
-        bug(f"the GradScaler is off (device {log.scalers[0]['device']!r}): on this machine it scales "
-            f"nothing (section 8){spoiled}")
-    else:
-        findings.append("fixed: the GradScaler is built for the cpu and is on")
-        return True
-    return False
+        bug("no GradScaler was built in the loop: the exercise trains in float16, which needs one "
+            f"(lesson 03){spoiled}")
+        return False
+    for s in log.scalers:
+        if not s["device_given"]:
+            bug("the GradScaler was built without a device: without CUDA it warned and disabled itself, "
+                f"so nothing was scaled or skipped (section 8){spoiled}")
+            return False
+        if not s["enabled"]:
+            bug(f"the GradScaler is off (device {s['device']!r}): on this machine it scales nothing "
+                f"(section 8){spoiled}")
+            return False
+    n = len(log.scalers)
+    findings.append("fixed: the GradScaler is built for the cpu and is on" if n == 1 else
+                    f"fixed: the {n} GradScalers are built for the cpu and are on")
+    return True
 
 
 def check_two_model_loop(loop, steps: int = 4) -> Verdict:
@@ -972,8 +1057,9 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     It is run on two tiny MLPs (AdamW and ``StepLR`` each) for ``steps`` batches, as on a
     machine without CUDA (the same on every machine): the first and the third batch hold an
     inf (both models overflow), and during the fourth model 1's gradient alone holds one. Every
-    GradScaler and its calls are recorded: the scaler's device, one ``update()`` per batch,
-    after the batch's last ``scaler.step``, each optimizer stepping on every batch its model
+    GradScaler (however imported) and its calls are recorded: the scaler's device, one
+    ``update()`` per batch and scaler, after the batch's last ``scaler.step`` and before the
+    next batch's ``scaler.scale`` (one scaler per model passes too), each optimizer stepping on every batch its model
     did not overflow, each scheduler stepping exactly when its own optimizer did, no warnings,
     finite weights. Then its source is read by :func:`amp_lessons.lint.check_loop`, whose
     mistakes fail the exercise only when the run found a bug too (else they are notes: the
@@ -994,7 +1080,7 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
     schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
     bad, one_model, error = (0, 2), 3, None  # two skips of both, so a guard that only knows the first is caught
-    with without_cuda(), record_amp_calls() as log, warnings.catch_warnings(record=True) as caught:
+    with without_cuda(), _record_every_scaler() as log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = _MarkedBatches(tiny_batches(steps, bad=bad), log)
         _overflow_in_model_1(models[0], batches, at=one_model)
@@ -1008,17 +1094,9 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     finite = all(torch.isfinite(p).all() for m in models for p in m.parameters())
     scaler_ok = _two_model_scaler_finding(bug, findings, log, finite)
 
-    fed, updates, late = batches.fed(), log.count("update"), batches.stepped_after_update()
-    trained = f"the {len(fed)} batches your loop scaled" if len(fed) < steps else f"{steps} batches"
-    if updates != len(fed) or not fed:
-        bug(f"scaler.update() ran {updates} times for {trained}: the scale it changes is the one the "
-            "next scaler.step unscales with (section 3)")
-    elif late:
-        bug(f"in {len(late)} of {len(fed)} batches a scaler.step ran after that batch's scaler.update(): "
-            "its optimizer's gradients, made at the old scale, were unscaled with the new one (section 3)")
-    else:
-        findings.append(f"fixed: scaler.update() ran once per batch, after its last scaler.step ({updates} "
-                        f"times for {trained})")
+    fed = batches.fed() if log.scalers else None
+    if fed is not None:
+        _two_model_update_finding(bug, findings, log, batches, fed, steps)
 
     taken = [optimizer_steps(o) for o in optimizers]
     stepped = [s.last_epoch for s in schedulers]

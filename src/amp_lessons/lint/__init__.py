@@ -77,7 +77,7 @@ class Finding:
         return f"cell {self.cell}, line {self.line}" if self.cell is not None else f"line {self.line}"
 
     def __str__(self) -> str:
-        return f"{self.where}: [{self.code}] {self.message} (lesson {self.lesson})"
+        return f"{self.where}: {self.kind}: [{self.code}] {self.message} (lesson {self.lesson})"
 
     def as_dict(self) -> dict:
         return {"cell": self.cell, "line": self.line, "code": self.code, "kind": self.kind,

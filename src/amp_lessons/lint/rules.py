@@ -398,11 +398,13 @@ def scheduler_unguarded(ctx: Context):
             if _guarded(unit, e, hooked):
                 continue
             yield e.line, (f"{receiver or 'scheduler'}.step() runs even when GradScaler skipped the optimizer "
-                           "step: if the first step is skipped, PyTorch warns 'Detected call of "
-                           "`lr_scheduler.step()` before `optimizer.step()`'; a later skip moves the "
-                           "schedule on silently. Step it only after a step that ran: with one optimizer, "
-                           "when scaler.get_scale() did not drop; with several on one scaler, when its "
-                           "own optimizer stepped (optimizer.register_step_post_hook)")
+                           "step, and the schedule moves on a step ahead of the training; PyTorch warns "
+                           "('Detected call of `lr_scheduler.step()` before `optimizer.step()`') only when "
+                           "the first step is skipped, and never for a fused=True optimizer. Step it only "
+                           "after a step that ran: with one optimizer, when scaler.get_scale() did not "
+                           "drop; with several on one scaler, when its own optimizer stepped "
+                           "(optimizer.register_step_post_hook, which a fused=True optimizer's skipped "
+                           "steps fire too: compare its step count instead)")
 
 
 def _iteration_loops(unit: Unit) -> set[int]:
@@ -504,16 +506,18 @@ def update_per_optimizer(ctx: Context):
 
 
 def backward_in_autocast(ctx: Context):
-    """``backward()`` inside the autocast block: autocast acts on the backward's ops too. The
-    gradients are the same unless the forward has a region autocast did not cast, which the
+    """``backward()`` inside the autocast block: autocast acts on the backward's ops too. On
+    the CPU the gradients are the same unless the forward has a region autocast did not cast, which the
     source of the loop alone does not show: a note, not a mistake."""
     for _, e in ctx.events("backward"):
         if e.autocast:
             yield e.line, ("backward() inside the autocast block: autocast acts on the backward's ops "
-                           "too. The gradients come out the same for ops autocast cast in the forward, "
-                           "but a region the forward ran under autocast(enabled=False), or a custom "
-                           "autograd Function without custom_fwd/custom_bwd, may get 16-bit matmuls in "
-                           "its backward. The recipe runs backward after the with-block: move it out")
+                           "too. On the CPU the gradients come out the same for ops autocast cast in the "
+                           "forward; on CUDA, whose autocast keeps sum (the bias gradients' op) in "
+                           "float32, their bits may differ; and a region the forward ran under "
+                           "autocast(enabled=False), or a custom autograd Function without "
+                           "custom_fwd/custom_bwd, may get 16-bit matmuls in its backward. The recipe "
+                           "runs backward after the with-block: move it out")
 
 
 # --- gradient accumulation -------------------------------------------------------------------
