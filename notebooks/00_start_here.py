@@ -211,7 +211,7 @@ print(check("a bf16 sum of 10000 ones gives 9984, bf16's nearest to 10000; added
 # and `cross_entropy` runs its `_log_softmax` in bf16, casting up only for `nll_loss`; under
 # a CPU's the four keep the bf16 they were given, and both losses run in float32. Lesson 02
 # traces both float32 lists, and explains `cross_entropy`. The table shows the dtypes ops
-# return, not how their kernels add up: the verdict under it is a bf16 sum that does not add in bf16.
+# return, not how they add up: the verdict under it is a bf16 sum that does not add in bf16.
 #
 # ## What runs where
 #
@@ -275,9 +275,9 @@ with expect_error(ValueError):
 #
 # Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
 # count, torch release and GPU. The lessons print them with a leading `≈` (`measured`
-# above). A sentence drawn from such figures is checked in its cell by a **verdict**, its margin in the words:
-# `✓ holds` here, or `✗ did not hold here`, with the figures it used. Two verdicts, one
-# exact and one with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
+# above). A sentence drawn from such figures is checked in its cell by a **verdict**, its
+# margin in the words: `✓ holds` here, or `✗ did not hold here`, with the figures it used.
+# Two verdicts, one exact and one with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
 
 # %%
 from amp_lessons.claims import at_most
@@ -328,7 +328,8 @@ print(describe_precision("fp16", "cpu"))
 # ## Sources
 #
 # - The 2-3x: PyTorch's AMP recipe, "This recipe should show significant (2-3X) speedup" on
-#   Volta, Turing and Ampere GPUs, and "small networks may be CPU bound" (`pytorch/tutorials`, `recipes_source/recipes/amp_recipe.py`;
+#   Volta, Turing and Ampere GPUs, and "small networks may be CPU bound" (`pytorch/tutorials`,
+#   `recipes_source/recipes/amp_recipe.py`;
 #   docs.pytorch.org/tutorials/recipes/recipes/amp_recipe.html).
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
 #   PyTorch's CUDA notes (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and
