@@ -37,7 +37,7 @@
 # | 09 block scales | MXFP8, MXFP4, NVFP4 and 128-element blocks, delayed scaling, training below 8 bits |
 #
 # Every lesson opens with the same setup cell. On Colab it installs the course package;
-# elsewhere `make lab` already did.
+# elsewhere the README's install did.
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -88,21 +88,21 @@ report = machine.report()
 print(report.table(width=100))
 
 # %% [markdown]
-# Three facts decide which precision to train in:
+# What decides the precision:
 #
-# - **the device**: a GPU with tensor cores runs 16-bit matmuls many times faster than
-#   float32 (16x on an A100's datasheet); a CPU does so only with fast 16-bit kernels, which
-#   its instruction sets allow but do not promise (Sources). So on a CPU the report measures:
-#   one matmul per precision, the best of 3 (256 x 256; 4096 x 4096 on a GPU), and a CPU's
-#   recommendation cites the bf16 rate. A GPU's follows its compute capability.
-# - **native or emulated bfloat16 on a GPU**: a T4 (compute capability 7.5) *reports* bf16
-#   support through `torch.cuda.is_bf16_supported()`, but only by emulation: its tensor
-#   cores run fp16, and bf16 ones start with Ampere. On NVIDIA GPUs
-#   `is_bf16_supported(including_emulation=False)` says False there.
-# - **whether float16 needs a GradScaler**: where some gradients fall below float16's range
-#   (lesson 01 counts how many of yours do; lesson 03 trains with and without a scaler). The
-#   course pairs fp16 with a scaler because it cannot know that in advance. bfloat16 has
-#   float32's range, so it rarely needs one.
+# - **a GPU**: its compute capability. An A100's tensor cores run bf16 and fp16 matmuls at
+#   16x its float32 rate (its datasheet, Sources).
+# - **bf16, native or emulated**: a T4 (compute capability 7.5) *reports* bf16 support
+#   through `torch.cuda.is_bf16_supported()`, but only by emulation: bf16 tensor cores start
+#   at compute capability 8.0 (Sources), and `is_bf16_supported(including_emulation=False)`
+#   says False there.
+# - **a CPU**: its measured rates. Fast 16-bit kernels are what its instruction sets allow,
+#   not promise (Sources), so the report times one 256 x 256 matmul per precision, the best
+#   of 3, and the recommendation cites the bf16 rate.
+#
+# Whether fp16 needs a GradScaler depends on the gradients, not the device: lesson 01
+# counts yours below float16's range, and the course pairs fp16 with a scaler because it
+# cannot know that in advance. bfloat16 has float32's range.
 
 # %%
 from amp_lessons.claims import measured
@@ -159,41 +159,37 @@ print(textwrap.fill(recommend("cuda", (7, 5), bf16_native=False)[2], 88))
 # (in italics):
 #
 # > Mixed precision typically gives 2-3x faster training and halves activation memory on
-# > modern GPUs. *(the 2-3x is what PyTorch's AMP recipe says its example "should show" on
-# > Volta, Turing and Ampere GPUs; the same recipe warns that "small networks may be CPU
-# > bound, in which case mixed precision won't improve performance". "Halves" holds for
-# > matmul-heavy layers: what autocast keeps in float32 is saved in float32. 05 measures
-# > what this machine gains, and the activation memory)*
+# > modern GPUs. *(the 2-3x: PyTorch's AMP recipe, Sources; "halves" only in matmul-heavy
+# > layers, as what autocast keeps in float32 is saved in float32; 05 measures both here)*
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
-# > memory. *(the tensor cores: NVIDIA's A100 datasheet, Sources; the memory: up to half, 05)*
+# > memory. *(the weights: 02; the tensor cores: A100 datasheet, Sources; the memory: 05)*
 # >
 # > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
 # > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
 # > numerically sensitive ones (softmax, losses, reductions) are kept in float32
-# > automatically. Run `backward()` outside the context. *(traced in 02, which runs this
-# > pattern as code; which ops, by device, below)*
+# > automatically. Run `backward()` outside the context. *(02; which ops, by device, below)*
 # >
 # > - bfloat16 has float32's exponent range, so it rarely underflows. It is the default
 # >   choice on Ampere-or-newer GPUs and TPUs, and needs no extra machinery. *(01, 03; "the
-# >   default" is the course's recommendation on Ampere-or-newer, not torch's: autocast on
-# >   CUDA defaults to float16, as a cell below prints. On TPUs, Google's Cloud TPU docs:
-# >   "By default, TPUs perform matrix multiplication operations with bfloat16 values")*
+# >   default" is the course's, not torch's: CUDA autocast defaults to float16, printed
+# >   below; TPUs: Sources)*
 # > - float16 has more mantissa but a narrow range; small gradients underflow to zero. Use
 # >   `torch.amp.GradScaler`, which multiplies the loss by a large factor before
 # >   `backward()`, unscales before the step, and skips steps that produced inf or NaN. *(01,
-# >   03; the scaler is needed where some gradients fall below float16's range, which 01
-# >   counts)*
+# >   03)*
 # >
 # > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
 # >
 # > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
 # > on Ampere-or-newer NVIDIA GPUs, a near-free speedup for code you do not convert.
-# > *(PyTorch's CUDA notes; below, what it does on a CPU)*
+# > *(PyTorch's CUDA notes, Sources; on a CPU, below)*
 # >
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
+#
+# The card ends with an example, which lesson 02 runs as written.
 #
 # Some of its sentences hold only on some devices. "Softmax, losses, reductions are kept in
 # float32", for one: the cell below traces a few ops on a bf16 tensor under autocast, on the
@@ -205,13 +201,17 @@ from amp_lessons.trace import probe_table
 
 print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "mse_loss(x, x)", "cross_entropy(x, y)"],
                   torch.bfloat16,
-                  ["cpu", "cuda (simulated)"]))
+                  ["cpu", "cuda (simulated)"], width=100))
+ones = torch.ones(10000, dtype=torch.bfloat16)
+print(check("a bf16 sum of 10000 ones gives 9984, bf16's nearest to 10000; added in bf16, 256 + 1 stays 256",
+            ones.sum().item() == 9984 and (ones[0] * 256 + 1).item() == 256))
 
 # %% [markdown]
 # Under CUDA's autocast softmax, layer_norm and sum come out float32 but `mean` does not,
 # and `cross_entropy` runs its `_log_softmax` in bf16, casting up only for `nll_loss`; under
 # a CPU's the four keep the bf16 they were given, and both losses run in float32. Lesson 02
-# traces both float32 lists, and explains `cross_entropy`.
+# traces both float32 lists, and explains `cross_entropy`. The table shows the dtypes ops
+# return, not how they add up: the verdict under it is a bf16 sum that does not add in bf16.
 #
 # ## What runs where
 #
@@ -221,12 +221,9 @@ print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "mse_loss
 # change a float32 matmul's result on this CPU?
 
 # %%
-from amp_lessons.claims import check
-
 a, b = torch.randn(256, 256), torch.randn(256, 256)
 exact, before = a @ b, torch.get_float32_matmul_precision()
 torch.set_float32_matmul_precision("high")
-print("oneDNN's float32 matmul precision under 'high':", torch.backends.mkldnn.matmul.fp32_precision)
 changed = not torch.equal(a @ b, exact)
 torch.set_float32_matmul_precision(before)
 amx_fp16 = machine.amx_fp16  # torch's CPU probe, as the report read it
@@ -238,11 +235,9 @@ print(check("'high' changes this CPU's float32 matmul results only where the CPU
 print(f"this CPU: AMX-FP16 {amx_fp16}; 'high' changed the matmul's result: {changed}")
 
 # %% [markdown]
-# The first line is the oneDNN flag that `"high"` sets. torch's oneDNN matmul takes its
-# tf32 path only on x86 CPUs with AMX-FP16 (`Matmul.cpp`, Sources), so the verdict checks
-# that nothing changes without it; the line after it says what happened here. The course
-# trains in tf32 only on Ampere-or-newer NVIDIA GPUs, and refuses it on a CPU.
-# **Predict**: does float16 really run on a CPU, or is it refused?
+# Without AMX-FP16, `"high"` changes nothing on a CPU: only there does torch's oneDNN
+# matmul take a tf32 path (`Matmul.cpp`, Sources). The course trains in tf32 only on
+# Ampere-or-newer NVIDIA GPUs. **Predict**: which precisions does it refuse on a CPU?
 
 # %%
 from amp_lessons.hardware import supported_precisions
@@ -280,11 +275,9 @@ with expect_error(ValueError):
 #
 # Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
 # count, torch release and GPU. The lessons print them with a leading `≈` (`measured`
-# above), and the tests compare every stored output but those digits, the cells marked to
-# be skipped (here the report and the AMX-FP16 line) and the widgets' displays. A sentence
-# drawn from such figures is checked in its cell by a **verdict**, its margin in the words:
-# `✓ holds` here, or `✗ did not hold here`, with the figures it used. Two verdicts, one
-# exact and one with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
+# above). A sentence drawn from such figures is checked in its cell by a **verdict**, its
+# margin in the words: `✓ holds` here, or `✗ did not hold here`, with the figures it used.
+# Two verdicts, one exact and one with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
 
 # %%
 from amp_lessons.claims import at_most
@@ -294,12 +287,13 @@ with torch.autocast("cpu", dtype=torch.float16):
 exact = a @ a
 with torch.autocast("cpu", dtype=torch.bfloat16):
     error = ((a @ a).float() - exact).norm() / exact.norm()  # relative, over the whole matrix
-print(at_most("a bf16 autocast matmul's result is within 1% of float32's", error, 0.01, ".2g"))
+print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in norm over the whole matrix",
+              error, 0.01, ".2g"))
 
 # %% [markdown]
 # ## How the widgets work
 #
-# Lessons 01, 02 and 03 have widgets: controls wired to the functions the cells call, which
+# Lessons 00, 01, 02 and 03 have widgets: controls wired to the functions the cells call, which
 # redraw when moved (a static view, such as GitHub's, does not render them: open the notebook
 # in JupyterLab or Colab). Click a precision: the text shows the dtype autocast computes in,
 # whether a GradScaler is needed, and whether the course uses it on this device.
@@ -334,13 +328,14 @@ print(describe_precision("fp16", "cpu"))
 # ## Sources
 #
 # - The 2-3x: PyTorch's AMP recipe, "This recipe should show significant (2-3X) speedup" on
-#   Volta, Turing and Ampere GPUs (`pytorch/tutorials`, `recipes_source/recipes/amp_recipe.py`;
+#   Volta, Turing and Ampere GPUs, and "small networks may be CPU bound" (`pytorch/tutorials`,
+#   `recipes_source/recipes/amp_recipe.py`;
 #   docs.pytorch.org/tutorials/recipes/recipes/amp_recipe.html).
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
 #   PyTorch's CUDA notes (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and
 #   later) devices") and the function's docstring (`torch/__init__.py`), which says "This flag
 #   currently only affects one native device type: CUDA"; on a CPU it sets
-#   `torch.backends.mkldnn.matmul.fp32_precision`, printed above.
+#   `torch.backends.mkldnn.matmul.fp32_precision`.
 # - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
 #   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
 # - Which CPUs torch's oneDNN matmul takes its 16-bit paths on (the conditions, not the

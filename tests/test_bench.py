@@ -438,3 +438,18 @@ def test_the_breakdown_plot_states_share_and_the_speedup_without_the_profiler():
     assert fig.axes[0].get_xlabel().startswith("ms per Trainer step")
     with pytest.raises(ValueError, match="breakdown=True"):
         plots.step_breakdown(result, "transformer")
+
+
+@pytest.mark.parametrize("cc, words", [
+    ((7, 5), "compute capability 7.5 does not say whether this GPU has tensor cores"),
+    ((7, 0), "compute capability 7.0 does not say whether this GPU has tensor cores"),
+    ((8, 0), "this GPU (compute capability 8.0) has tensor cores for fp16"),
+    ((6, 0), "this GPU (compute capability 6.0) has no tensor cores")], ids=["T4-or-GTX1660", "V100", "A100", "P100"])
+def test_gpu_speed_reasons_claim_tensor_cores_only_from_8_0(cc, words):
+    from amp_lessons.hardware import Machine
+
+    machine = Machine(device=torch.device("cuda"), name="Simulated GPU", cuda_capability=cc,
+                      bf16_native=cc >= (8, 0), bf16_emulated=cc < (8, 0), fp16=True,
+                      tf32_hardware=cc >= (8, 0), cpu_name="Simulated CPU", cpu_isa="AVX2",
+                      avx512_bf16=False, amx_bf16=False)
+    assert bench._hardware_reason(machine, "fp16").startswith(words)

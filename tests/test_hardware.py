@@ -189,6 +189,31 @@ def test_t4_bf16_is_the_courses_choice_not_a_limit(monkeypatch):
     assert describe_precision("bf16", "cuda").splitlines()[-1] == f"used on cuda   no: {why}"
 
 
+@pytest.mark.parametrize("name, cc", [
+    ("Tesla T4", (7, 5)), ("NVIDIA GeForce GTX 1660", (7, 5)), ("Tesla V100-SXM2-16GB", (7, 0)),
+    ("NVIDIA A100-SXM4-40GB", (8, 0)), ("NVIDIA H100 80GB HBM3", (9, 0)), ("Tesla P100-PCIE-16GB", (6, 0))],
+    ids=["T4", "GTX1660", "V100", "A100", "H100", "P100"])
+def test_gpu_reasons_claim_tensor_cores_only_where_the_capability_implies_them(monkeypatch, name, cc):
+    # A GTX 1660 (TU116, no tensor cores) has a T4's compute capability 7.5: the reason,
+    # drawn from the capability alone, must read true for both.
+    simulate_gpu(monkeypatch, name, cc)
+    reason = hardware_report().reason
+    if cc >= (8, 0):
+        assert "bfloat16 tensor cores" in reason
+    else:
+        assert "its tensor cores" not in reason and "without tensor cores" not in reason
+    if (7, 0) <= cc < (8, 0):
+        assert "bf16 tensor cores start at compute capability 8.0" in reason and "GradScaler" in reason
+    if cc == (7, 5):
+        assert reason == hardware.recommend("cuda", (7, 5), bf16_native=False)[2]  # T4 = GTX 1660
+
+
+def test_cpu_reasons_name_no_tensor_cores(monkeypatch):
+    for flags in ((False, False), (True, False), (True, True)):
+        simulate_cpu(monkeypatch, avx512_bf16=flags[0], amx=flags[1])
+        assert "tensor core" not in hardware_report().reason
+
+
 def test_pre_volta_gpu_is_not_said_to_gain_nothing(monkeypatch):
     simulate_gpu(monkeypatch, "Tesla P100-PCIE-16GB", (6, 0))
     report = hardware_report()

@@ -664,7 +664,11 @@ def _hardware_reason(r, name: str) -> str:
             return f"this GPU (compute capability {cc[0]}.{cc[1]}) has no tensor cores"
         if name == "bf16" and not r.bf16_native:
             return "this GPU only emulates bf16 (pre-Ampere): use fp16 + GradScaler here"
-        return f"this GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores for {name}"
+        if cc >= (8, 0):
+            return f"this GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores for {name}"
+        # 7.x: a T4 has tensor cores, a GTX 1660 of the same 7.5 has none
+        return (f"compute capability {cc[0]}.{cc[1]} does not say whether this GPU has tensor cores: "
+                f"the rates below say how fast {name} runs")
     if r.type != "cpu":
         return f"{r.type}: the rates below were measured on it"
     if name == "bf16":

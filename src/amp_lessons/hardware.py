@@ -231,7 +231,9 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
     lesson applies (through :attr:`Machine.recommendation`). Pure: tests and lesson 00's
     table call it directly.
 
-    A GPU's answer follows its compute capability. A CPU's follows ``bf16_speedup``, a
+    A GPU's answer follows its compute capability, which does not say whether a 7.x GPU
+    has tensor cores (a T4 has, a GTX 1660 of the same 7.5 has not), so no reason claims
+    them there. A CPU's follows ``bf16_speedup``, a
     measured bf16 / fp32 matmul rate ratio (:func:`matmul_speedups`): bf16 where it is at
     least :data:`CPU_BF16_MIN_SPEEDUP`, whatever the CPU's instruction sets (``cpu_arch``
     only names the CPU's class in the reason); without a measurement, fp32, and the reason
@@ -245,11 +247,11 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                     "bf16 has float32's exponent range, so it needs no GradScaler.")
         if cuda_capability and tuple(cuda_capability) >= (7, 0):
             return ("fp16", True,
-                    f"pre-Ampere GPU (compute capability {cc}): its tensor cores run fp16; bf16 tensor "
-                    "cores start with Ampere, so bf16 is only emulated here. fp16's narrow range "
-                    "underflows small gradients to zero, so the course pairs it with GradScaler.")
+                    f"GPU of compute capability {cc}: bf16 tensor cores start at compute capability "
+                    "8.0 (Ampere), so bf16 is only emulated here and the course uses fp16. fp16's narrow "
+                    "range underflows small gradients to zero, so the course pairs it with GradScaler.")
         return ("fp32", False,
-                f"GPU without tensor cores (compute capability {cc}): whether 16-bit math is faster "
+                f"GPU of compute capability {cc}, below 7.0 (Volta): whether 16-bit math is faster "
                 "depends on the model, and the course does not measure GPUs this old; autocast "
                 "would save activation memory (up to half, in matmul-heavy layers).")
     if device_type == "mps":
