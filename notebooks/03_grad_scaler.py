@@ -74,13 +74,13 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # SSD detector lay below 2^-24, float16's smallest subnormal, and became zeros. To see on a
 # laptop what fp16 does to gradients that small, this lesson multiplies the loss by
 # `LOSS_WEIGHT`, which shrinks every gradient by the same factor. Adam divides each step
-# by the root of a running average of the squared gradients plus its `eps` (1e-8), so a
+# by `sqrt(v) + eps`, `v` a running average of the squared gradients and `eps` 1e-8, so a
 # constant factor cancels, except next to `eps`. Here it does not quite cancel: the weighted
 # gradients (their median is printed below) are as small as `eps`, which then decides
 # much of the step, so even in fp32 the weighted run trains slower than the plain one.
 # With `eps` times the same weight it trains as the plain one does (both checked after
 # the four runs below). The four runs keep the default `eps`, the same in each: what
-# differs between them is where the gradients sit in fp16's range.
+# differs between them is the precision, and for fp16, where the gradients sit in its range.
 
 # %%
 import math
@@ -237,7 +237,7 @@ print(f"loss {measured(loss.item(), '.4e')} x scale {scaler.get_scale():g} = {me
 print("scale(loss) is the loss times the scale, exactly:", scaled.item() == loss.item() * scaler.get_scale())
 
 # %% [markdown]
-# `backward()` runs on the scaled loss, outside autocast, so every gradient comes out
+# `backward()` runs on the scaled loss (outside autocast, as the card says), so every gradient comes out
 # multiplied by the scale, high enough in fp16's range to survive. `unscale_` divides
 # them by the scale again, in float32, in place:
 
@@ -294,7 +294,7 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 # itself (`_step_supports_amp_scaling`, same file; fused Adam takes `found_inf` back off its
 # step count, `_fused_adam` in `torch/optim/adam.py`). Three signs, all readable in your own
 # loop, hold either way: the scale after `update()` is lower than before it (with one
-# optimizer per scaler: `update()` counts an inf found for any of them); the optimizer's own
+# optimizer per scaler; with several, a lower scale does not say which one skipped); the optimizer's own
 # step count (Adam's `state[p]["step"]`) did not move; the weights did not change.
 
 # %%
@@ -409,7 +409,8 @@ print(textwrap.fill("the warning: " + first[0], 90))
 # ## Saving and restoring the scaler
 #
 # The scale is state, like the optimizer's moments. Save `scaler.state_dict()` with the
-# checkpoint and load it on resume. The summed-loss run above settled its scale:
+# checkpoint and load it on resume. The last run above (the summed loss) halved its scale
+# to where its gradients fit:
 
 # %%
 state = trainer.scaler.state_dict()
@@ -421,8 +422,8 @@ print(f"after load_state_dict: {fresh.get_scale():g}")
 
 # %% [markdown]
 # Without it, a resumed run starts again at 65536: for this run, whose scale had settled
-# lower, that is above where its gradients fit, and it skips again, as its steps 0-1 did (a run whose scale had grown above 65536 would instead
-# start lower and grow back). The
+# lower, that is above where its gradients fit, and it skips again (a run whose scale had
+# grown above 65536 would instead start lower and grow back). The
 # `Trainer` saves the scaler with the model, optimizer, scheduler, RNG and history;
 # **predict**: does a run resumed halfway end exactly where an uninterrupted one does?
 
@@ -485,9 +486,9 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   halves the scale after it and doubles it after `growth_interval` clean steps.
 # - A skipped step leaves the weights and the optimizer's step count as they were: with one
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
-# - bf16 has float32's range: for this network's gradients none lost to its range (one made
-#   0 by its rounding) and no scaler. It too rounds to 0 at or below half its own smallest subnormal (≈9e-41, printed
-#   above).
+# - bf16 has float32's range: this network's gradients lose none to it (this run's count:
+#   one value made 0 by rounding), and need no scaler. A cast to bf16 too rounds to 0 at or
+#   below half its smallest subnormal (9.2e-41, printed above).
 #
 # ## Watch out
 #
@@ -521,8 +522,10 @@ print(inspect.getsource(amp_step_as_given))
 # make it return `True` exactly when GradScaler skipped the step and step the scheduler
 # only otherwise. The checker runs your step on seven batches: two hold an inf, and before a
 # third the scale is set far too high (2^40), so that its loss is finite while its scaled
-# gradients overflow. Its GradScaler grows the scale after every 2 clean steps. It checks what your step returns, the weights, AdamW's and the
-# scheduler's step counts and the warning. As given, it checks the step above:
+# gradients overflow. Its GradScaler grows the scale after every 2 clean steps. It checks
+# what your step returns, the weights, AdamW's and the scheduler's step counts and the
+# warning (a step your own code skips, on a non-finite loss, counts as skipped too). As
+# given, it checks the step above:
 
 # %%
 my_step = amp_step_as_given  # replace with your own: def my_step(model, opt, scaler, scheduler, x, y): ...
