@@ -147,7 +147,7 @@ for name in ("bf16 hook", "fp16 hook"):
 check("the allreduce hook adds no error against the spy's float32 all-reduce", errors["allreduce hook"][1] == 0.0)
 
 # %%
-at_least("bf16_compress_hook adds at least 4x the error of fp16_compress_hook",
+at_least("on this model's gradients, bf16_compress_hook adds at least 4x the error of fp16_compress_hook",
          errors["bf16 hook"][1] / errors["fp16 hook"][1], 4, ".0f")
 
 # %%
@@ -156,18 +156,22 @@ at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", er
 # %% [markdown]
 # A compress hook rounds every gradient to 16 bits before the sum, and the sum again. Both
 # hooks also cast *before* they divide by the world size
-# (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient below
-# half its smallest subnormal (2^-25, about 3e-8) rounds to 0 before the sum starts, and the
-# division pushes more into subnormals. The fp16 hook's arithmetic for 8 ranks, on three float32 gradients:
+# (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient at or
+# below half its smallest subnormal (2^-25, about 3e-8) rounds to 0 before the sum starts,
+# and the division pushes more into subnormals, where the ranking above flips: on tiny
+# gradients fp16 is the worse hook. Its arithmetic for 8 ranks, on three float32 gradients:
 
 # %%
 g = torch.tensor([1e-3, 1e-6, 1e-8])
-hooked, exact = g.to(torch.float16).div_(8).float(), g / 8
-for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
-    print(f"gradient {grad:g}: fp16 hook {h:.3g}, float32 {e:.3g}, relative error {abs(h - e) / e:.1%}")
+exact = g / 8
+by = {name: g.to(dtype).div_(8).float() for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))}
+for i, grad in enumerate(g.tolist()):
+    print(f"gradient {grad:g}: float32 {exact[i]:.3g}; relative error of the fp16 hook "
+          f"{abs(by['fp16'][i] - exact[i]) / exact[i]:.1%}, of the bf16 hook {abs(by['bf16'][i] - exact[i]) / exact[i]:.1%}")
 
 # %% [markdown]
-# The 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%. Under fp16 autocast with a
+# In fp16 the 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%; bf16 keeps both to
+# its usual rounding. Under fp16 autocast with a
 # GradScaler, DDP all-reduces during `scaler.scale(loss).backward()` (each bucket's reduction
 # "can potentially overlap with backward computation": the `DistributedDataParallel`
 # docstring), before `unscale_`. So the hook casts gradients still multiplied by the loss
@@ -190,8 +194,9 @@ for grad, h, e in zip(g.tolist(), hooked.tolist(), exact.tolist()):
 # ## FSDP2: sharded, with a policy for each dtype
 #
 # FSDP2 keeps 1/W of every parameter on each of the W ranks: a `DTensor` sharded on dimension
-# 0 by default (padded where W does not divide it; it divides this model's). Just before a layer runs, the ranks *all-gather* its full parameters. After backward they
-# *reduce-scatter* its gradients, so each rank receives the averaged gradient of its own
+# 0 by default (padded where W does not divide it, `_fsdp_param.py`; it divides this
+# model's). Just before a layer runs, the ranks *all-gather* its full parameters. As each
+# layer's backward ends, they *reduce-scatter* its gradients, so each rank receives the averaged gradient of its own
 # shard. `MixedPrecisionPolicy(param_dtype, reduce_dtype)` sets the dtype of the gathered
 # parameters (so of the layer's computation) and of the reduce-scatter. Its
 # `cast_forward_inputs=True` (the default) also casts each sharded module's floating-point
@@ -403,8 +408,9 @@ for name in scalers.names:
 # gradients (4 bytes) unless `gradient_as_bucket_view=True` (the `DistributedDataParallel`
 # docstring; not counted below). FSDP2 keeps 16 / W.
 #
-# Mixed precision adds transient copies while a layer computes. Under DDP + autocast: the
-# bf16 copy of each weight a matmul saves for backward, 2 bytes per parameter at most. Under
+# Mixed precision adds copies. Under DDP + autocast: the bf16 copy of each weight a matmul
+# saves for backward, held from forward to backward for every layer at once, 2 bytes per
+# parameter at most. Under
 # FSDP2, for the layer in flight (L parameters): its gathered weights in `param_dtype`, and
 # the flat all-gather output they were copied out of, both alive while the layer runs
 # forward (`FSDPParamGroup.wait_for_unshard`): 2 x 2 L bytes in bf16, 2 x 4 L in fp32.
@@ -478,7 +484,7 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 # ## When a launch goes wrong
 #
 # If one rank raises, it writes its error and exits, and on gloo the others fail at once at
-# their next collective ("Connection closed by peer"). A rank that hangs instead leaves them
+# their next collective (gloo says "Connection reset by peer", or "closed by peer"). A rank that hangs instead leaves them
 # waiting until the collective's timeout: 60 s in the course's ranks; torch's defaults are
 # 10 minutes for NCCL and 30 for other backends (`init_process_group`'s docstring). `launch`
 # stops the ranks still running and says which rank failed first and why:
