@@ -254,7 +254,7 @@ print(check("at no batch does a 16-bit step of these MLPs fit twice fp32's batch
 #
 # The digits runs' median ms per optimizer step, speed against fp32 (above 1 is faster) and
 # matmul rate; timings change from run to run (the `≈`). This MLP's step is mostly not
-# matmuls (measured below), so its ratios say little about 16-bit matmuls:
+# matmuls (measured below):
 
 # %%
 print(result.speed_table())
@@ -287,8 +287,7 @@ plots.matmul_rates(b)
 # fp16 from Volta on, bf16 from Ampere on). On an x86 CPU the 16-bit matmul hardware is
 # **AMX tiles** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on), or the
 # vector units' AVX512-BF16 dot product and AVX512-FP16 arithmetic; the reasons above name
-# the ones this device has, and the matmul figure measures them. `python -m amp_lessons
-# bench` prints the same table from a terminal.
+# the ones this device has, and the matmul figure measures them.
 #
 # ## Why not 2-3x here? Where one step's time goes
 #
@@ -586,9 +585,9 @@ print(inspect.getsource(broken_setup))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_setup(device_type):`, fix it, and run the cell.
-# The checker inspects the dtype, the weights, the optimizer (does it hold every parameter?)
-# and the scaler, then trains five steps on the digits with the card's recipe and looks for
-# inf/NaN weights and weights that never moved. As given, it checks the broken setup:
+# The checker inspects the dtype, the weights, the optimizer and the scaler, then trains
+# five steps on the digits with the card's recipe and looks for inf/NaN weights and weights
+# that never moved. As given, it checks the broken setup:
 
 # %%
 my_setup = broken_setup  # replace with your fixed copy: def my_setup(device_type): ...
@@ -613,8 +612,8 @@ check_setup(my_setup, device)
 #   `docs/source/amp.md` (lesson 02 traces them).
 # - The 2-3x on tensor-core GPUs: PyTorch's AMP recipe (lesson 00's Sources).
 # - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
-#   whitepapers; AMX-BF16, AMX-FP16 and AVX512-BF16's dot product (`VDPBF16PS`): Intel's
-#   Architecture Instruction Set Extensions Programming Reference.
+#   whitepapers; AMX-BF16, AMX-FP16, AVX512-FP16 and AVX512-BF16's dot product
+#   (`VDPBF16PS`): Intel's Architecture Instruction Set Extensions Programming Reference.
 # - The 16-byte rule and memory-bound ops gaining from 16-bit tensors: NVIDIA's "Matrix
 #   Multiplication Background User's Guide" ("Tensor Core Requirements") and "Train With
 #   Mixed Precision" guide (Deep Learning Performance docs); the vocabulary of 50304 and its
