@@ -131,8 +131,8 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
 
 # %% [markdown]
 # `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). The figure's lower
-# right panel stacks what a training step holds through its backward pass (short-lived
-# temporaries aside); only the activations shrink:
+# right panel stacks what a training step holds through its backward pass; only the
+# activations shrink:
 
 # %%
 from amp_lessons import plots
@@ -214,7 +214,7 @@ print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor
 #
 # `doubled_batch` counts, by kind, the bytes a step holds through its backward pass
 # (short-lived temporaries such as activation gradients aside), at the batch and at twice
-# it: exact byte counts, the same on every CPU.
+# it.
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -253,7 +253,8 @@ print(check("at no batch does a 16-bit step of these MLPs fit twice fp32's batch
 # this notebook runs on?
 #
 # The digits runs' median ms per optimizer step, speed against fp32 (above 1 is faster) and
-# matmul rate; timings change from run to run (the `≈`):
+# matmul rate; timings change from run to run (the `≈`). This MLP's step is mostly not
+# matmuls (measured below):
 
 # %%
 print(result.speed_table())
@@ -261,7 +262,7 @@ print(result.speed_table())
 # %% [markdown]
 # The bench runs a larger MLP and a matmul microbenchmark, every precision side by side;
 # its ms/step times the card's step alone (`bench.make_step`: forward, loss, backward,
-# AdamW). Its table is collapsed below; the verdicts after it set both MLPs against the
+# AdamW). Its table is collapsed below; the verdicts after it set the bench MLP against the
 # card's 2-3x, with reasons read from the measurements and this device's hardware report:
 
 # %% jupyter={"outputs_hidden": true}
@@ -273,8 +274,7 @@ print(benchcli.table(b, breakdown=False))
 # NBVAL_IGNORE_OUTPUT
 digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
 for p in [p for p in result.runs if p != "fp32"]:
-    print(f"digits MLP: {bench.speed_verdict(result.speedup(p), p)}")
-    print(f"bench MLP:  {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
+    print(f"bench MLP: {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
     print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate, with_shares=False)))
 print("And for both steps:")
 print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate, amdahl=False)))
@@ -285,10 +285,9 @@ plots.matmul_rates(b)
 # %% [markdown]
 # The card's 2-3x is PyTorch's AMP recipe's figure for GPUs with **tensor cores** (NVIDIA:
 # fp16 from Volta on, bf16 from Ampere on). On an x86 CPU the 16-bit matmul hardware is
-# **AMX tiles** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on) or, for
-# bf16, the AVX512-BF16 dot-product instruction on its vector units; the reasons above name
-# the ones this device has, and the matmul figure measures them. `python -m amp_lessons
-# bench` prints the same table from a terminal.
+# **AMX tiles** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on), or the
+# vector units' AVX512-BF16 dot product and AVX512-FP16 arithmetic; the reasons above name
+# the ones this device has, and the matmul figure measures them.
 #
 # ## Why not 2-3x here? Where one step's time goes
 #
@@ -308,9 +307,9 @@ print("\n".join(benchcli.breakdown_lines(b, "mlp")))
 plots.step_breakdown(b, "mlp")
 
 # %% [markdown]
-# The bars are Trainer steps under the profiler; the title's speed, the same steps without
-# it ("step, no profiler"); the bench table's, `make_step` alone: three measurements, and
-# on a busy machine three ratios. The categories account for each profiled step:
+# The bars time Trainer steps under the profiler, the title the same steps without it, and
+# the bench table `make_step` alone; on a busy machine their ratios differ. The categories
+# account for each profiled step:
 
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
@@ -322,30 +321,24 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
 # **Amdahl's law** estimates what faster matmuls alone give: with a matmul share *f* of the
 # fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r). It is no cap: elementwise
 # ops on 16-bit tensors move half the bytes and run faster where memory bandwidth limits
-# them (NVIDIA's mixed-precision guide), and autocast's casts add work. Per 16-bit
-# precision the bench profiled (timings, and which ones depends on the device: not compared):
+# them (NVIDIA's mixed-precision guide), and autocast's casts add work. For the bench MLP:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-float32_work = ("optimizer", "bookkeeping", "data")
-for p in [p for p in runnable if p != "fp32" and b.breakdown("mlp", p) is not None]:
-    step = b.breakdown("mlp", p)
-    same = sum(step.ms[c] for c in float32_work) / sum(fp32_step.ms[c] for c in float32_work)
-    print(f"{p}: the optimizer, bookkeeping and data (float32 work in every precision) take "
-          f"{measured(same, '.2f')}x fp32's time; everything but the matmuls {measured(step.rest_ms / fp32_step.rest_ms, '.2f')}x "
-          f"(casts {measured(step.ms['autocast casts'], '.2f')} ms, elementwise "
-          f"{measured(step.ms['forward rest'] + step.ms['backward rest'], '.2f')} ms against fp32's "
-          f"{measured(fp32_step.ms['forward rest'] + fp32_step.ms['backward rest'], '.2f')} ms)")
-    amdahl = b.amdahl("mlp", p)
-    print(f"{p}: Amdahl's figure {measured(amdahl.bound, '.2f')}x (matmuls only, best sizes); "
-          f"measured {measured(amdahl.measured, '.2f')}x without the profiler")
+for p in [p for p in runnable if p != "fp32" and b.amdahl("mlp", p) is not None]:
+    a = b.amdahl("mlp", p)
+    ran, estimate = (a.step_matmul_ratio, a.step_bound) if a.step_bound else (a.matmul_ratio, a.bound)
+    print(f"{p}: matmuls are {measured(a.share, '.0%')} of the fp32 step and ran {measured(ran, '.2f')}x "
+          f"faster in {p}: Amdahl's law gives {measured(estimate, '.2f')}x; measured without the "
+          f"profiler: {measured(a.measured, '.2f')}x")
 
 # %% [markdown]
 # So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are, and
 # how much of the step is not matmuls. The collapsed output's last table times three
 # changes aimed at the second part: `grad_stats=False` (no per-step gradient statistics,
-# which lessons 03 and 04 read), then `AdamW(foreach=True)` and `AdamW(fused=True)` (a few
-# large kernels instead of a loop over tensors). `python -m amp_lessons bench --breakdown
+# which lessons 03 and 04 read), then `AdamW(foreach=True)` and `AdamW(fused=True)` (one
+# call over all the tensors instead of a Python loop over them); a gain within a few
+# percent of 1.00x is noise on a busy machine. `python -m amp_lessons bench --breakdown
 # --compile` adds `torch.compile`.
 #
 # ## Master weights: why not `model.half()`?
@@ -410,8 +403,8 @@ plots.lost_updates(lrs, lost_fraction_by_lr(trained, grads, lrs), at_lr=1e-3)
 
 # %% [markdown]
 # With autocast, the forward pass runs in 16 bits but the optimizer adds each update to
-# the float32 master weight, which keeps it. That is why mixed precision needs no
-# trade-off here, and `model.half()` does.
+# the float32 master weight, which keeps all but updates below 2^-24 of the weight. That
+# is why mixed precision needs no trade-off here, and `model.half()` does.
 #
 # Adam has a second problem. **Predict**: its default `eps=1e-8` is added to the
 # denominator `sqrt(v) + eps`. What is `1e-8` stored in each format?
@@ -493,6 +486,9 @@ print(err.table())
 # %%
 print(check("float32's error < TF32's < bf16's", err.fp32 < err.tf32_emulated < err.bf16,
             f"{measured(err.fp32, '.1e')} < {measured(err.tf32_emulated, '.1e')} < {measured(err.bf16, '.1e')}"))
+print(check("on a log scale TF32's error is closer to bf16's than to float32's",
+            err.tf32_emulated / err.fp32 > err.bf16 / err.tf32_emulated,
+            f"{measured(err.tf32_emulated / err.fp32, '.0f')}x float32's, {measured(err.bf16 / err.tf32_emulated, '.0f')}x below bf16's"))
 amx_fp16 = getattr(torch._C._cpu, "_get_cpu_capability", dict)().get("amx_fp16", False)  # torch's CPU probe
 tf32_path = amx_fp16 if device.type == "cpu" else why_not["tf32"] is None
 print(check("'high' changes this device's float32 matmul only where it has a TF32 path "
@@ -503,7 +499,7 @@ print(check("'high' changes this device's float32 matmul only where it has a TF3
 # `"medium"` is the setting to watch: on a CPU it lets oneDNN, the library behind many CPU
 # matmuls, compute a float32 model's matmuls in bf16, with bf16's 7-bit mantissa, and
 # nothing says so (where torch's bf16 check of the CPU passes and oneDNN has a kernel for
-# it; Sources). On an NVIDIA GPU it means TF32, as `"high"` does. **Predict** which error
+# it; Sources). On an NVIDIA GPU with TF32 it means TF32, as `"high"` does. **Predict** which error
 # this device's float32 matmul has under `"medium"`:
 
 # %%
@@ -522,7 +518,7 @@ print(check("'medium' gives an error torch's source allows here (on a CPU float3
 from amp_lessons.matmul import tf32_speedup
 
 speedup = tf32_speedup(device=device)
-print(f"not measured: {why_not['tf32']}" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
+print("not measured: tf32 does not run here (the reason is printed at the top)" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
 
 # %% [markdown]
 # Tensor cores also care about shapes: NVIDIA's guide asks for dimensions that are
@@ -558,7 +554,7 @@ else:
 #   residual stream is float32 keeps more: its layer norms save float32); the weights,
 #   gradients and optimizer state do not shrink, so no batch twice as large fits.
 # - The speedup comes mostly from 16-bit matmuls faster than float32's (tensor cores, AMX,
-#   AVX512-BF16); Amdahl's law on the matmul share estimates it:
+#   AVX512-BF16, AVX512-FP16); Amdahl's law on the matmul share estimates it:
 #   `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs, and
 #   on CPUs with AMX-FP16 where oneDNN takes it; `"medium"` also allows bf16 for a CPU's
@@ -616,8 +612,8 @@ check_setup(my_setup, device)
 #   `docs/source/amp.md` (lesson 02 traces them).
 # - The 2-3x on tensor-core GPUs: PyTorch's AMP recipe (lesson 00's Sources).
 # - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
-#   whitepapers; AMX-BF16, AMX-FP16 and AVX512-BF16's dot product (`VDPBF16PS`): Intel's
-#   Architecture Instruction Set Extensions Programming Reference.
+#   whitepapers; AMX-BF16, AMX-FP16, AVX512-FP16 and AVX512-BF16's dot product
+#   (`VDPBF16PS`): Intel's Architecture Instruction Set Extensions Programming Reference.
 # - The 16-byte rule and memory-bound ops gaining from 16-bit tensors: NVIDIA's "Matrix
 #   Multiplication Background User's Guide" ("Tensor Core Requirements") and "Train With
 #   Mixed Precision" guide (Deep Learning Performance docs); the vocabulary of 50304 and its

@@ -128,6 +128,8 @@ def test_tf32_error_sits_between_fp32_and_bf16_and_high_changes_nothing_on_cpu()
 
 def test_verdicts_read_the_measured_ratio():
     assert "holds" in bench.speed_verdict(2.4, "fp16")
+    assert "holds" in bench.speed_verdict(3.0, "fp16")
+    assert bench.speed_verdict(3.5, "bf16") == "bf16 ran 3.5x as fast as fp32 here: above the card's 2-3x."
     assert "slower than fp32" in bench.speed_verdict(0.6, "bf16")
     assert "no real speedup" in bench.speed_verdict(1.02, "bf16")
 
@@ -196,7 +198,7 @@ def test_speed_reasons_read_the_matmul_share_and_amdahls_bound():
     assert "even infinitely fast matmuls: 1.52x" in share and "weighs as much" in share
     fp16 = bench.speed_reasons(result, "fp16")
     assert not any("AMX" in r for r in fp16)  # the fp16 wording never borrows bf16's hardware
-    assert any("0.01x: this device has no fast fp16 matmul kernel" in r for r in fp16)
+    assert any("0.01x: this device has no fast fp16 matmul kernel, so its fp16 matmuls, at the sizes measured, are a slowdown" in r for r in fp16)
     assert any("the step can only lose" in r for r in fp16)
     # lesson 05 prints each step's share once, with every precision's Amdahl figure on it
     assert not any("the bench mlp" in r for r in bench.speed_reasons(result, "bf16", with_shares=False))

@@ -155,6 +155,19 @@ def test_setup_checker_names_an_optimizer_built_on_another_model():
     assert "No inf checks were recorded" in text and "which parameters was the optimizer built on?" in text
 
 
+def test_setup_checker_fails_an_optimizer_given_only_some_parameters():
+    def partial(device_type):
+        model = mlp(64, 64, 10).to(device_type)
+        return (model, torch.optim.Adam(list(model.parameters())[:1]), torch.amp.GradScaler(device_type),
+                torch.float16)
+
+    verdict = check_setup(partial, "cpu", steps=2)
+    text = str(verdict)
+    n_left = sum(p.numel() for p in list(mlp(64, 64, 10).parameters())[1:])
+    assert not verdict.passed
+    assert f"the optimizer holds 1 of this model's 6 parameter tensors: the other 5 ({n_left:,} weights)" in text
+
+
 def test_setup_checker_gives_float64_weights_their_own_finding():
     def doubled(device_type):
         model = mlp(64, 64, 10).to(device_type).double()

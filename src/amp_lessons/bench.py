@@ -647,6 +647,8 @@ def speed_verdict(speedup: float | None, precision: str) -> str:
     (a row the bench did not time) says so."""
     if speedup is None:
         return f"{precision} was not timed here: the bench's table says why."
+    if speedup > CARD_SPEEDUP[1]:
+        return f"{precision} ran {speedup:.1f}x as fast as fp32 here: above the card's 2-3x."
     if speedup >= CARD_SPEEDUP[0]:
         return f"{precision} ran {speedup:.1f}x as fast as fp32 here: the card's 2-3x holds."
     if speedup >= 1.1:
@@ -692,7 +694,7 @@ def _matmul_reason(name, mine, fp32, ratio) -> str:
     text = (f"the best {name} matmul rate here is {mine[0]:.0f} GFLOP/s (n={mine[1]}) against fp32's "
             f"{fp32[0]:.0f} (n={fp32[1]}): {ratio:.2f}x")
     if ratio < 0.2:
-        return text + f": this device has no fast {name} matmul kernel, so every {name} matmul is a slowdown"
+        return text + f": this device has no fast {name} matmul kernel, so its {name} matmuls, at the sizes measured, are a slowdown"
     if ratio < 0.9:
         return text + f": {name} matmuls are slower than fp32's here"
     if ratio <= 1.1:

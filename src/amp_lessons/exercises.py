@@ -659,8 +659,8 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
     (and, where they are 16-bit, what that does to Adam), the GradScaler (on, and for the
     right device); then trains ``steps`` steps on the digits with the card's recipe and
-    looks for inf/NaN weights and for weights that never moved; an optimizer built on other
-    tensors than the model's parameters is named. Used in 05.
+    looks for inf/NaN weights and for weights that never moved; an optimizer that holds not
+    all of the model's parameters (or other tensors) is named. Used in 05.
     """
     dev = pick_device(device)
     findings: list[str] = []
@@ -682,9 +682,14 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
         bug(f"dtype is {dtype}: the task is a float16 run, so autocast's dtype is torch.float16")
     params = list(model.parameters())
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    if not any(id(p) in held for p in params):
+    left_out = [p for p in params if id(p) not in held]
+    if len(left_out) == len(params):
         bug("the optimizer holds none of this model's parameters: it was built on other tensors "
             "(another model, or a copy made before .to() or .half()). What must it be given?")
+    elif left_out:
+        bug(f"the optimizer holds {len(params) - len(left_out)} of this model's {len(params)} parameter "
+            f"tensors: the other {len(left_out)} ({sum(p.numel() for p in left_out):,} weights) are never "
+            "updated. What must it be given?")
     low = [p for p in params if p.dtype != torch.float32]
     if low:
         bug(_half_weights_finding(low, params, optimizer))
