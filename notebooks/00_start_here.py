@@ -183,8 +183,8 @@ print(textwrap.fill(recommend("cuda", (7, 5), bf16_native=False)[2], 88))
 # > If you clip gradients with a scaler, call `scaler.unscale_(opt)` before clipping. *(04)*
 # >
 # > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
-# > on Ampere-or-newer NVIDIA GPUs, a near-free speedup for code you do not convert.
-# > *(PyTorch's CUDA notes, Sources; on a CPU, below)*
+# > on NVIDIA GPUs, a near-free speedup for code you do not convert. *(on Ampere-or-newer
+# > ones: PyTorch's CUDA notes, Sources; on a CPU, below)*
 # >
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*

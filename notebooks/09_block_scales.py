@@ -28,8 +28,9 @@
 #
 # Blackwell GPUs run MXFP8 and NVFP4 natively; Hopper runs fp8 with a scale per tensor or
 # per row, and the 1x128 and 128x128 scales through cuBLAS (the table at the end). Here
-# every scheme is emulated with integer codes and float32, so every number below is real on
-# any device, and the exact ones are the same everywhere. You will see e2m1 and e8m0 bit by
+# every scheme is emulated: e2m1 and e8m0 as integer codes, e4m3 by torch's own
+# `float8_e4m3fn` cast, the arithmetic in float32, so every number below is real on any
+# device, and the exact ones are the same everywhere. You will see e2m1 and e8m0 bit by
 # bit, your network's tensors and an outlier feature under seven schemes, the block-scaled
 # matmul, delayed against current scaling, and MXFP8 and NVFP4 layers trained against bf16
 # (fp16 on a GPU without bf16), with and without stochastic rounding.
@@ -91,8 +92,8 @@ for code in range(16):
 # subnormal. Between 4 and 6 there is nothing. Here a value is rounded to the nearest of
 # them, a tie going to the even code, and anything above 6 saturates to 6: the rounding of
 # PTX's `cvt.rn.satfinite.e2m1x2.f32` (`.rn`: to nearest, ties to even; `.satfinite`: clamp
-# to the largest finite value). torch 2.13 has no such cast to copy (the cell after the
-# packing one, below, asks this release):
+# to the largest finite value). torch 2.13 has no cast from float to e2m1 that could do it
+# for us (the cell after the packing one, below, asks this release):
 
 # %%
 from amp_lessons.blockscale import round_e2m1
@@ -144,12 +145,12 @@ print("torch's float8_e8m0fnu reads the same:",
 
 # %% [markdown]
 # A block's scale `X` is chosen from its largest magnitude (amax). The exact choice,
-# `X = amax / 6` for e2m1, puts amax on 6. A power-of-two scale chosen never to exceed that
-# exact X (or never to fall short of it) comes within a factor of 2 of it, and which rule
-# picks it matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)`
-# (2 is the exponent of e2m1's largest value, 8 for e4m3's 448): amax lands between 4 and 8,
-# and above 6 it is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two
-# that puts amax at or below the element's largest value. **Predict** what each does to this block of values:
+# `X = amax / 6` for e2m1, puts amax on 6. A power of two can only come near it, and the
+# rule that picks it matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)` (2 is
+# the exponent of e2m1's largest value, 8 for e4m3's 448), which follows amax's own power of
+# two: amax lands between 4 and 8, so X can fall either side of the exact one, and above 6
+# amax is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two at or above
+# the exact X: amax lands at or below the element's largest value, never above it. **Predict** what each does to this block of values:
 
 # %%
 from amp_lessons.blockscale import quantize, with_scales
@@ -212,12 +213,18 @@ for kind, tensors in groups.items():
 # precision is worth about 6 dB (halving the error: 20 log10 2 ≈ 6.02).
 #
 # A value counts as **saturated** when the cast clamps it. Values just past the largest
-# element still round back down to it and are not counted: for e4m3 up to 464 (rounds to
-# 448), for e2m1 below 7 (rounds to 6). **Predict:** which schemes come out on top, and by
-# how much does 4 bits trail 8?
+# element still round back down to it and are not counted: for e4m3 up to 464, the tie
+# between 448 and 480, and for e2m1 below 7, the tie between 6 and 8 (to nearest, ties to
+# even). **Predict:** which schemes come out on top, and by how much does 4 bits trail 8?
 
 # %%
-from amp_lessons.blockscale import SCHEMES, error_table
+from amp_lessons.blockscale import SCHEMES, error_table, round_e2m1, saturates
+from amp_lessons.formats import round_to_format
+
+for element, values, rounded in (("e4m3", [448.0, 464.0, 464.5], lambda v: round_to_format(v, "fp8_e4m3")),
+                                 ("e2m1", [6.0, 6.99, 7.0], round_e2m1)):
+    v = torch.tensor(values)
+    print(f"{element}: {values} round to {rounded(v).tolist()}; counted saturated: {saturates(v, element).tolist()}")
 
 table = error_table(groups)
 print(f"{'':<12}" + "".join(f"{s:>12}" for s in SCHEMES))
@@ -509,7 +516,7 @@ block_training(runs)
 # helped). NVIDIA's NVFP4 recipe for large language models also keeps some
 # layers in higher precision, applies random Hadamard transforms to the weight-gradient
 # inputs and uses 16x16 blocks for weights, none of which is here (the head above stays
-# float32 because its 10 outputs are no multiple of a block, not by that recipe). One ingredient is:
+# float32 because its 10 outputs are no multiple of a block, not by that recipe). One ingredient is here:
 # **stochastic rounding** of the gradients. What does it keep? A
 # gradient block whose largest value lands on 6 and whose other values are 0.2, below half
 # of e2m1's smallest step:
@@ -583,9 +590,9 @@ else:
 # - The element sets the level: here every e4m3 scheme beats every e2m1 one by over 6 dB.
 #   With e4m3 a finer scale rescues the small values an outlier pushes out: a 32-value block
 #   confines an outlier feature; a per-row scale helps only as far as it varies by row.
-# - NVFP4 beats MXFP4 here (16-value blocks, e4m3 scales; the OCP rule's power-of-two scales
-#   cost MXFP4 less than a bit's 6 dB),
-#   and needs its tensor scale for gradient-sized values.
+# - NVFP4 beats MXFP4 here (it has 16-value blocks and e4m3 scales; of the two, only the
+#   scales' share is measured: the OCP rule's powers of two cost MXFP4 less than a bit's
+#   6 dB), and needs its tensor scale for gradient-sized values.
 # - Emulated in float32, a block-scaled matmul is dequantize-then-matmul, up to accumulation
 #   order. A real kernel may accumulate with less: DeepSeek-V3 (section 3.3) measured about
 #   14 bits on H800's fp8 tensor cores, and adds partial sums into float32 every 128 values.

@@ -17,7 +17,7 @@ def test_the_right_answer_passes():
 
 def test_as_given_saturates():
     v = check_e8m0_code(e8m0_code_as_given)
-    assert not v.passed and "saturates" in v.findings[0]
+    assert not v.passed and "past 448, the element's largest value" in v.findings[0]
 
 
 def test_the_ocp_floor_rule_saturates_too():
@@ -55,3 +55,17 @@ def test_nan_code_wrong_dtype_shape_and_errors():
         raise ZeroDivisionError("no")
 
     assert "raised ZeroDivisionError" in check_e8m0_code(boom).findings[0]
+
+
+def test_a_ceil_nudged_down_fails_just_above_the_element_max():
+    v = check_e8m0_code(lambda a, m=448.0: ((torch.ceil(torch.log2(a / m) - 0.001)).clamp(-127, 127) + 127)
+                        .to(torch.uint8))
+    assert not v.passed and any("448.25" in f for f in v.findings)
+
+
+def test_a_missing_bias_gets_a_hint_about_the_bias():
+    def no_clamp_double_bias(a, m=448.0):
+        return (torch.ceil(torch.log2(a.clamp(min=2.0**-126) / m)) + 254).clamp(0, 255).to(torch.uint8)
+
+    first = check_e8m0_code(no_clamp_double_bias).findings[0]
+    assert "code 255" in first and "bias of 127" in first and "log2(0)" not in first

@@ -22,7 +22,7 @@ def _cases() -> torch.Tensor:
     below them, values across e8m0's range, two so small that their scale would be below
     e8m0's smallest, 2^-127 (float32 subnormals, so the clamp matters), float32's largest
     power of two, and an all-zero block (last). No float32 amax needs a scale above 2^127."""
-    amax = [1.0, 1.5, 1.75, 1.9375, 2.0, 3.0, 5.0, 6.0, 7.0, 448.0, 449.0, 500.0, 511.0, 512.0,
+    amax = [1.0, 1.5, 1.75, 1.9375, 2.0, 3.0, 5.0, 6.0, 7.0, 448.0, 448.25, 449.0, 500.0, 511.0, 512.0,
             2.0**-20, 3 * 2.0**-20, 2.0**20, 2.0**-130, 3 * 2.0**-140, 2.0**127, 0.0]
     return torch.tensor(amax)
 
@@ -31,8 +31,10 @@ def _check_one(codes, amax: torch.Tensor, top: float) -> tuple[bool, list[str]]:
     """The findings for one element format's codes (already a uint8 tensor of the right shape)."""
     if (codes == 255).any():
         i = int((codes == 255).nonzero()[0])
+        hint = ("an all-zero block needs a code too: log2(0) is -inf" if amax[i] == 0 else
+                "is the bias of 127 added once, and the exponent clamped?")
         return False, [f"element max {top:g}: the block with amax {amax[i].item():g} got code 255, which "
-                       "e8m0 reserves for NaN (an all-zero block needs a code too: log2(0) is -inf)"]
+                       f"e8m0 reserves for NaN ({hint})"]
     ratio = amax.double() / e8m0_decode(codes).double()
     nonzero = amax > 0
     # the exponent a block needs; below -127 e8m0 has nothing smaller, so the answer is code 0
@@ -51,7 +53,7 @@ def _check_one(codes, amax: torch.Tensor, top: float) -> tuple[bool, list[str]]:
         i = over[0]
         findings.append(f"element max {top:g}: a block with amax {amax[i].item():g} gets X = 2^"
                         f"{int(codes[i]) - 127}, so its largest value lands at {ratio[i].item():g}, past "
-                        f"{top:g}: it saturates")
+                        f"{top:g}, the element's largest value")
     if low:
         i = low[0]
         findings.append(f"element max {top:g}: a block with amax {amax[i].item():g} lands at "

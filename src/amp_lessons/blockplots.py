@@ -34,15 +34,16 @@ def scheme_bars(table: dict):
         ys = [table[kind][s].sqnr for kind in kinds]
         ax.bar(xs, ys, width=width, color=_SCHEME_COLORS.get(s, "grey"), label=_scheme_label(s))
     ax.set_xticks(range(len(kinds)), kinds)
-    ax.set(ylabel="signal / quantization noise (dB, higher is better)")
+    ax.set(ylabel="SQNR (dB), higher is better")
     ax.legend(frameon=False, ncol=len(schemes), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     def mean(element):
         ys = [table[k][s].sqnr for k in kinds for s in schemes if get_scheme(s).element == element]
         ys = [y for y in ys if math.isfinite(y)]
         return sum(ys) / len(ys) if ys else math.nan
 
-    fig.suptitle(f"e4m3 elements keep {mean('e4m3'):.0f} dB on average here, e2m1 {mean('e2m1'):.0f} dB: "
-                 "among these schemes the element sets the level; blocks and rule move it within", fontsize=10)
+    fig.suptitle(f"e4m3 elements keep {mean('e4m3'):.0f} dB on average here, e2m1 {mean('e2m1'):.0f} dB:\n"
+                 "among these schemes the element sets the level, and the scales' blocks and rule move it "
+                 "less", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     plt.close(fig)
