@@ -779,9 +779,9 @@ def check_row_scale(fn) -> Verdict:
     For the function as given, a bad scale is named without saying why."""
     import math
 
-    x, zero_row = _row_scale_cases()
+    rows, zero_row = _row_scale_cases()
     findings, passed = [], True
-    for name, x in (("fp8_e4m3", x), ("fp8_e5m2", x), ("fp8_e4m3", x.bfloat16())):
+    for name, x in (("fp8_e4m3", rows), ("fp8_e5m2", rows), ("fp8_e4m3", rows.bfloat16())):
         fmt = format_info(name)
         top = fmt.max
         label = name if x.dtype == torch.float32 else f"{name}, x in bfloat16"
