@@ -583,9 +583,9 @@ check_row_scale(my_row_scale)
 #   (pull request 177870) saturate a float32 source (`__NV_SATFINITE`) before 2.13 too; fp16
 #   and bf16 sources keep torch's conversion. `torch.compile`'s rule is not probed here.
 # - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`. Layout: its
-#   `_scaled_gemm` (commit 2bec3bd) refuses others, "Only multiplication of row-major and
-#   column-major matrices is supported by cuBLASLt" (a message in torch 2.11's
-#   `libtorch_cuda.so`), after cuBLASLt's fp8 rule "A must be transposed and B
+#   `_scaled_gemm` (commit 2bec3bd, for every GPU) refuses others, "Only multiplication of
+#   row-major and column-major matrices is supported by cuBLASLt" (a message in torch
+#   2.11's `libtorch_cuda.so`), after cuBLASLt's fp8 rule "A must be transposed and B
 #   non-transposed" (`cublasLtMatmul()`).
 #   Per-row outputs: "Only bf16 and fp16 high precision output types are supported for
 #   row-wise scaling." (read in torch 2.11's `libtorch_cuda.so`; pull request 187569 adds
