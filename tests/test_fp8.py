@@ -165,7 +165,9 @@ def test_census_table_marks_the_measured_shares():
     text = fp8.census_table(groups, "row")
     lines = text.splitlines()
     assert lines[0].startswith("scaled per row") and "e4m3 flushed" in lines[0] and "e5m2 overflow" in lines[0]
-    assert lines[1].startswith("grad_output") and lines[1].count("≈") == 6
+    assert lines[1].startswith("grad_output") and lines[1].count("≈") == 4  # overflow: 0 by construction
+    assert lines[1].split()[3] == "0%" and lines[1].split()[6] == "0%"
+    assert fp8.census_table(groups).splitlines()[1].count("≈") == 6  # unscaled, every share is measured
 
 
 # -- torch._scaled_mm -------------------------------------------------------------------------------
@@ -379,12 +381,12 @@ def test_fp8_support_by_device():
         got, why = fp8_support(kind, cc)
         assert got is fast, (kind, cc, why)
     assert "8.9 or 9.0+" in fp8_support("cuda", (8, 0))[1]
-    assert "float32 matmul" in fp8_support("cpu")[1] and "oneDNN on AMX CPUs (Blas.cpp)" in fp8_support("cpu")[1]
+    assert fp8_support("cpu")[1] == "CPU: no fp8 tensor cores; torch._scaled_mm runs (Blas.cpp)"
     # torch 2.11's ScaledBlas.cpp row-wise path that writes only bf16/fp16: below 9.0, old cuBLAS, 10.0+
-    row = "per-row scales need a bf16 or fp16 output in torch 2.11"  # pull request 187569 (after 2.13) adds fp32
+    row = "per-row scales need a bf16 or fp16 output (read in torch 2.11)"  # pull request 187569 adds fp32
     assert fp8_support("cuda", (8, 9))[1].endswith(row)
     assert fp8_support("cuda", (10, 0))[1].endswith(row) and fp8_support("cuda", (12, 0))[1].endswith(row)
-    assert fp8_support("cuda", (9, 0))[1].endswith(row.replace(" in torch", " below cuBLAS 12.9 in torch"))
+    assert fp8_support("cuda", (9, 0))[1].endswith(row.replace(" (read", " below cuBLAS 12.9 (read"))
 
 
 def test_fp8_device_gives_the_cpu_on_a_mac(monkeypatch):
@@ -416,14 +418,26 @@ def test_row_scale_exercise_checker():
     from amp_lessons.exercises import check_row_scale, row_scale_as_given
 
     given = check_row_scale(row_scale_as_given)
-    assert not given.passed and "row 6 is all zeros" in str(given) and "what does your formula give" in str(given)
+    # as given, the checker says which row fails and how, not why: that is the exercise
+    assert not given.passed and str(given).count("the scale of row 6 is inf: a scale must be finite") == 3
+    assert "all zeros" not in str(given) and "1.3e-36" not in str(given)
+    copied = check_row_scale(lambda x, name="fp8_e4m3": row_scale_as_given(x, name))  # changed code: the hint
+    assert "row 6 is all zeros" in str(copied) and "what does your formula give" in str(copied)
     # flooring the amax at float32's smallest normal still overflows: 448 / 1.18e-38 is inf
     floor = torch.finfo(torch.float32).tiny
     tiny = check_row_scale(lambda x, name: format_info(name).max / x.abs().amax(dim=1, keepdim=True).clamp(min=floor))
     assert not tiny.passed and "row 6 is all zeros" in str(tiny) and "inf for every amax below 1.3e-36" in str(tiny)
     assert "clamp" not in str(given) and "1e-12" not in str(given)  # a hint, not the answer
     right = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name))
-    assert right.passed and str(right).count("right:") == 2
+    assert right.passed and str(right).count("right:") == 3 and "x in bfloat16: right:" in str(right)
+    # max instead of abs().amax: the row whose largest magnitude is negative (7: one -3) gets a hint at the sign
+    signed = check_row_scale(lambda x, name: format_info(name).max / x.amax(dim=1, keepdim=True).clamp(min=1e-12))
+    assert not signed.passed and "row 7 reaches 1.344e+15" in str(signed) and "a negative value, -3" in str(signed)
+    assert "negative" not in str(check_row_scale(lambda x, name: 2 * scale_from_amax(amax(x, "row"), name)))
+    # scales in x's own dtype: right for float32 x, and named for a bfloat16 x
+    own = check_row_scale(lambda x, name: format_info(name).max / x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12))
+    assert not own.passed and "fp8_e4m3, x in bfloat16: the scales are torch.bfloat16" in str(own)
+    assert str(own).count("right:") == 2
     # a scale that keeps every row in range but not on the largest value is half right, and fails
     pow2 = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name, power_of_2=True))
     assert not pow2.passed and "not at 448" in str(pow2) and "power-of-two scales are a recipe" in str(pow2)
@@ -471,12 +485,13 @@ def test_fp8_training_figure():
     scales = {"0.input": [8.2] * 5, "0.weight": [9.4] * 5, "0.grad_output": [21.3] * 5}
     fig = fp8_training({"bf16": h, "fp8": h}, scales)
     assert isinstance(fig, Figure) and len(fig.axes) == 2
-    title = fig._suptitle.get_text()
+    title = fig.axes[1].get_title()
     assert "e4m3's 448, e5m2's 57344" in title  # the formats' share of each scale, said once
     assert "apart" not in title and "loss scale" not in title  # the distance is the lesson's amax check
     labels = [line.get_label() for line in fig.axes[1].get_lines()]
     assert labels == ["layer 0: input (e4m3)", "layer 0: weight (e4m3)", "layer 0: grad_output (e5m2)"]
     assert "log2" in fig.axes[1].get_ylabel()
+    assert fig.axes[0].get_title() == "training loss, both runs" and fig._suptitle is None
 
 
 def test_torchao_is_optional(monkeypatch):

@@ -753,7 +753,7 @@ def row_scale_as_given(x, name="fp8_e4m3"):
     """08's exercise, as given: one float32 scale per row of ``x`` (shape (rows, 1)) that
     puts each row's largest magnitude on the format's largest value. One thing is wrong."""
     largest = torch.finfo(torch.float8_e4m3fn if name == "fp8_e4m3" else torch.float8_e5m2).max
-    return largest / x.abs().amax(dim=1, keepdim=True)
+    return largest / x.float().abs().amax(dim=1, keepdim=True)
 
 
 def _row_scale_cases():
@@ -769,42 +769,55 @@ def _row_scale_cases():
     return torch.stack(rows), zero_row
 
 
+def _as_given(fn) -> bool:
+    """Whether ``fn`` is 08's exercise function unchanged (or copied under another name)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_code == row_scale_as_given.__code__.co_code
+
+
 def check_row_scale(fn) -> Verdict:
-    """08: check the learner's ``fn(x, name) -> scales`` on exact inputs for e4m3 and e5m2:
-    one float32 scale per row, finite and positive (an all-zero row included), and each
-    nonzero row's largest magnitude landing on the format's largest value up to float32
-    rounding (``max / amax``: neither a scale that only keeps the row in range, nor one a
-    few percent too large that the cast's rounding would hide)."""
+    """08: check the learner's ``fn(x, name) -> scales`` on exact inputs for e4m3 and e5m2
+    (and on a bfloat16 ``x`` in e4m3): one float32 scale per row, finite and positive (an
+    all-zero row included), and each nonzero row's largest magnitude landing on the format's
+    largest value up to float32 rounding (``max / amax``: neither a scale that only keeps
+    the row in range, nor one a few percent too large that the cast's rounding would hide).
+    For the function as given, a bad scale is named without saying why."""
     import math
 
-    x, zero_row = _row_scale_cases()
+    rows, zero_row = _row_scale_cases()
     findings, passed = [], True
-    for name in ("fp8_e4m3", "fp8_e5m2"):
+    for name, x in (("fp8_e4m3", rows), ("fp8_e5m2", rows), ("fp8_e4m3", rows.bfloat16())):
         fmt = format_info(name)
         top = fmt.max
+        label = name if x.dtype == torch.float32 else f"{name}, x in bfloat16"
         try:
             scale = fn(x.clone(), name)
         except Exception as err:
             return Verdict(False, [f"fn(x, {name!r}) raised {type(err).__name__}: {err}"])
+        x = x.float()  # the values the scales are for
         if not isinstance(scale, torch.Tensor):
             return Verdict(False, [f"fn(x, {name!r}) returned {type(scale).__name__}: return a tensor of scales"])
         if tuple(scale.shape) != (x.shape[0], 1):
-            return Verdict(False, [f"{name}: the scales have shape {tuple(scale.shape)}; per row means one "
+            return Verdict(False, [f"{label}: the scales have shape {tuple(scale.shape)}; per row means one "
                                    f"per row, shape ({x.shape[0]}, 1), each from that row's own amax"])
         right = scale.dtype == torch.float32
         if not right:
-            findings.append(f"{name}: the scales are {scale.dtype}; torch._scaled_mm takes float32 scales")
+            findings.append(f"{label}: the scales are {scale.dtype}; torch._scaled_mm takes float32 scales")
         bad = [i for i, s in enumerate(scale.flatten().tolist()) if not (math.isfinite(s) and s > 0)]
         if bad:
             passed = False
             first = scale.flatten()[bad[0]].item()
             tiny = top / torch.finfo(torch.float32).max  # below this amax, top / amax overflows float32
+            if _as_given(fn):
+                findings.append(f"{label}: the scale of row {bad[0]} is {first}: a scale must be finite "
+                                "and positive for every row")
+                continue
             words = ("all zeros. What is its amax, and what does your formula give for it? A scale "
                      "must be finite and positive even where a row holds nothing" if bad[0] == zero_row
                      else "not finite and positive")
             if math.isinf(first):
                 words += f"; in float32 {top:g} / amax is inf for every amax below {tiny:.2g}"
-            findings.append(f"{name}: the scale of row {bad[0]} is {first}; row {bad[0]} is {words}")
+            findings.append(f"{label}: the scale of row {bad[0]} is {first}; row {bad[0]} is {words}")
             continue
         peak = (x * scale.float()).abs().amax(dim=1).double()  # what the cast sees, in float32
         nonzero = x.abs().amax(dim=1) > 0
@@ -817,7 +830,10 @@ def check_row_scale(fn) -> Verdict:
             fate = (f", too large for {top:g}: a plain cast stores {stored}" if fmt.overflows(peak[i]) else
                     f": the cast rounds it back to {top:g}, yet the scale is too large: it should carry "
                     f"the row's amax onto {top:g} itself")
-            findings.append(f"{name}: row {i} reaches {peak[i].item():g} after scaling{fate}")
+            low_end, high_end = x[i].min().item(), x[i].max().item()
+            sign = (f"; this row's largest magnitude is a negative value, {low_end:g}: does your amax "
+                    "see it?" if low_end < 0 and -low_end > high_end else "")
+            findings.append(f"{label}: row {i} reaches {peak[i].item():g} after scaling{fate}{sign}")
         if low:
             same = bool((scale == scale.flatten()[0]).all())
             pow2 = bool((torch.frexp(scale.float()[nonzero])[0] == 0.5).all())  # no exact scale here is one
@@ -837,12 +853,12 @@ def check_row_scale(fn) -> Verdict:
                    "every amax leaves each row its own" if smallest
                    else f"the scale should carry the row's amax onto {top:g} itself, so the row uses "
                    "the whole range")
-            findings.append(f"{name}: row {i}'s largest value lands at {peak[i].item():g}, not at "
+            findings.append(f"{label}: row {i}'s largest value lands at {peak[i].item():g}, not at "
                             f"{top:g}: {why}")
         right = right and not over and not low
         passed = passed and right
         if right:
-            findings.append(f"{name}: right: every nonzero row's largest value lands on {top:g}, and the "
+            findings.append(f"{label}: right: every nonzero row's largest value lands on {top:g}, and the "
                             f"all-zero row gets a finite scale")
     return Verdict(passed, findings)
 

@@ -179,7 +179,8 @@ def fp8_census(tensors, name="fp8_e4m3", granularity=None, power_of_2: bool = Fa
 def census_table(groups: dict, granularity=None, names=FP8_FORMATS) -> str:
     """:func:`fp8_census` of each group of tensors (``{"grad_output": [t, ...]}``) in each fp8
     format: shares of the nonzero values flushed to zero, subnormal and overflowing. The
-    shares come from a training run's float kernels, so they print as measured (``≈``)."""
+    shares come from a training run's float kernels, so they print as measured (``≈``),
+    except a scaled tensor's overflow: amax lands on ``fmt.max``, so it is 0 by construction."""
     if not isinstance(groups, dict) or not groups:
         raise ValueError("groups must be a non-empty dict of tensors by name, e.g. {'grad_output': [t, ...]}; "
                          f"got {groups!r:.60}")
@@ -194,7 +195,9 @@ def census_table(groups: dict, granularity=None, names=FP8_FORMATS) -> str:
         cells = []
         for n in names:
             c = fp8_census(tensors, n, granularity)
-            cells += [measured(100 * c.fraction(k), ".3f") + "%" for k in ("flushed", "subnormal", "overflow")]
+            cells += [measured(100 * c.fraction(k), ".3f") + "%" for k in ("flushed", "subnormal")]
+            cells.append("0%" if granularity is not None and c.overflow == 0 else
+                         measured(100 * c.fraction("overflow"), ".3f") + "%")
         lines.append(f"{group:<18}" + "".join(f"{cell:>18}" for cell in cells))
     return "\n".join(lines)
 

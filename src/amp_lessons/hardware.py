@@ -474,18 +474,17 @@ def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
     (aten/src/ATen/native/cuda/ScaledBlas.cpp, whose message also names ROCm MI300+, which
     this table does not cover). With per-row scales, ScaledBlas.cpp sends the call to
     CUTLASS below 9.0, with cuBLAS older than 12.9, and on 10.0+ (non-scalar scales), and
-    in torch 2.11 that path writes only bf16 or fp16 ("Only bf16 and fp16 high precision
-    output types are supported for row-wise scaling.", in 2.11's libtorch_cuda.so); pull
-    request 187569 (2026, after 2.13) adds fp32. On a CPU the numbers are real, the speed
-    is not fp8's: ``_scaled_mm_out_cpu`` (aten/src/ATen/native/Blas.cpp) computes a float32
-    matmul of the dequantized values, or hands the call to oneDNN on AMX CPUs.
+    that path writes only bf16 or fp16 ("Only bf16 and fp16 high precision output types are
+    supported for row-wise scaling.", read in torch 2.11's libtorch_cuda.so; pull request
+    187569 adds fp32). On a CPU ``_scaled_mm`` runs (aten/src/ATen/native/Blas.cpp), without
+    fp8 tensor cores.
     """
     if device_type == "cuda":
         if not cuda_capability:
             return (False, "CUDA GPU of unknown compute capability: fp8 needs 8.9 or 9.0+")
         cc = tuple(cuda_capability)
         label = "{}.{}".format(*cc)
-        row, release = "per-row scales need a bf16 or fp16 output", " in torch 2.11"
+        row, release = "per-row scales need a bf16 or fp16 output", " (read in torch 2.11)"
         if cc >= (10, 0):
             return (True, f"compute capability {label} (Blackwell or newer): fp8 tensor cores; {row}{release}")
         if cc >= (9, 0):
@@ -495,8 +494,7 @@ def fp8_support(device_type: str, cuda_capability=None) -> tuple[bool, str]:
         return (False, f"compute capability {label}: no fp8 tensor cores, and torch._scaled_mm "
                        "refuses to run (it needs 8.9 or 9.0+)")
     if device_type == "cpu":
-        return (False, "CPU: torch._scaled_mm gives fp8's numbers from a float32 matmul, or hands "
-                       "the call to oneDNN on AMX CPUs (Blas.cpp); no fp8 tensor cores")
+        return (False, "CPU: no fp8 tensor cores; torch._scaled_mm runs (Blas.cpp)")
     return (False, f"{device_type}: no fp8 matmul kernels in torch; fp8 would only be emulated")
 
 

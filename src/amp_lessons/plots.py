@@ -525,7 +525,7 @@ def lost_updates(lrs, fractions: dict, optimizer: str = "sgd", at_lr: float | No
 def fp8_training(runs: dict, scales: dict, recipe="tensorwise"):
     """08: left, the training loss of each run (``{label: History}``); right, the log2 of
     each fp8 operand's per-tensor scale at every step (``{"layer.kind": [log2 scale]}``,
-    from :class:`amp_lessons.fp8.ScaleHistory`). The legend and the title name each kind's
+    from :class:`amp_lessons.fp8.ScaleHistory`). The legend and the right title name each kind's
     format in ``recipe`` (:func:`amp_lessons.fp8.get_recipe`), since ``scale = fmt.max / amax``
     depends on it as much as on amax."""
     r = get_recipe(recipe)
@@ -535,7 +535,9 @@ def fp8_training(runs: dict, scales: dict, recipe="tensorwise"):
               dict(color="#f58518", lw=1.2, ls="--"), dict(color="#54a24b", lw=1.2, ls=":")]
     for (label, h), style in zip(runs.items(), styles * len(runs)):
         left.plot(h["step"], h["loss"], label=label, **style)
-    left.set(xlabel="optimizer step", ylabel="training loss, cross-entropy (nats)")
+    left.set(xlabel="optimizer step", ylabel="training loss, cross-entropy (nats)",
+             title="training loss, both runs")
+    left.title.set_fontsize(10)
     left.legend(frameon=False)
     colors = {"input": "#4c78a8", "weight": "#54a24b", "grad_output": "#e45756"}
     dashes = ["-", "--", ":", "-."]
@@ -550,7 +552,7 @@ def fp8_training(runs: dict, scales: dict, recipe="tensorwise"):
     right.legend(frameon=False, fontsize=8, ncol=2)
     maxima = ", ".join(f"{name.removeprefix('fp8_')}'s {format_info(name).max:g}"
                        for name in dict.fromkeys(formats.values()) if name)
-    fig.suptitle(f"each fp8 operand gets its own scale, every step (fmt.max: {maxima})", fontsize=10)
+    right.set_title(f"each fp8 operand's scale, every step\n(fmt.max: {maxima})", fontsize=10)
     for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
