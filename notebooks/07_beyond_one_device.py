@@ -247,10 +247,12 @@ n = fsdp["(fp32)"][0]["n_params"]
 print(f"\nrank 0's float32 shard: {4 * n // fsdp.world_size:,} bytes; the whole float32 gradient: {4 * n:,} bytes")
 
 # %% [markdown]
-# Each all-gather is handed this rank's shard, and a layer is gathered twice per step: for
-# forward, and again for backward, after FSDP2 freed the gathered weights. So a float32
+# Each all-gather is handed this rank's shard, and with the default `reshard_after_forward`
+# (True for every module but the root, which holds no parameters here) a layer is gathered
+# twice per step: for forward, and again for backward, after FSDP2 freed the gathered
+# weights. So a float32
 # all-gather total is twice the float32 shard. A reduce-scatter is handed the whole unsharded
-# gradient and gives back this rank's shard of the sum: its float32 total is the whole
+# gradient and gives back this rank's shard of the average: its float32 total is the whole
 # gradient. The two 35,880s are equal because W = 2: the all-gathers total 2 x 4 N / W, the
 # reduce-scatters 4 N.
 
@@ -484,7 +486,8 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 # ## When a launch goes wrong
 #
 # If one rank raises, it writes its error and exits, and on gloo the others fail at once at
-# their next collective (gloo says "Connection reset by peer", or "closed by peer"). A rank that hangs instead leaves them
+# their next collective (gloo's TCP transport says "Connection reset by peer" or "Connection
+# closed by peer", `gloo/transport/tcp/pair.cc`). A rank that hangs instead leaves them
 # waiting until the collective's timeout: 60 s in the course's ranks; torch's defaults are
 # 10 minutes for NCCL and 30 for other backends (`init_process_group`'s docstring). `launch`
 # stops the ranks still running and says which rank failed first and why:

@@ -250,6 +250,9 @@ def test_policy_exercise_checker():
     assert any(f.startswith("op: not 'avg'") and "40000" in f for f in verdict.findings)
     empty = check_policy_prediction(dict.fromkeys(right), record)
     assert not empty.passed and "no answer yet" in str(empty) and "40000" not in str(empty)
+    assert check_policy_prediction(dict(right, op=torch.distributed.ReduceOp.SUM), record).passed
+    off_list = check_policy_prediction(dict(right, op="mean"), record)
+    assert not off_list.passed and "answer 'avg' or 'sum'; got 'mean'" in str(off_list)
     misspelt = check_policy_prediction({**right, "shard": right["sharded"]}, record)
     assert not misspelt.passed and "unknown key 'shard'" in str(misspelt)
     typo = check_policy_prediction(dict(right, forward="fp61"), record)

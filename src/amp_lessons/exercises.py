@@ -1188,14 +1188,20 @@ def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
             findings.append(f"{key}: {'no answer yet' if said is None else f'not {said}'}; think about {what}"
                             + _POLICY_HINTS[key])
     op = prediction.get("op")
+    if op is not None and not isinstance(op, str) and hasattr(op, "name"):  # a torch.distributed.ReduceOp
+        op = op.name
     op = op.strip().lower() if isinstance(op, str) else op
     if op == truth["op"]:
         findings.append(f"right: the reduce-scatter op is {op}")
     else:
         passed = False
-        findings.append("op: no answer yet; 'avg' or 'sum'?" if op is None else
-                        f"op: not {op!r}; compare the largest value of the reduce-scatter's dtype with this "
-                        "lesson's 40000 + 40000")
+        if op is None:
+            findings.append("op: no answer yet; 'avg' or 'sum'?")
+        elif op not in ("avg", "sum"):
+            findings.append(f"op: answer 'avg' or 'sum'; got {prediction.get('op')!r}")
+        else:
+            findings.append(f"op: not {op!r}; compare the largest value of the reduce-scatter's dtype with this "
+                            "lesson's 40000 + 40000")
     findings.append(f"(the run: MixedPrecisionPolicy{policy_label(record)})")
     return Verdict(passed, findings)
 
