@@ -280,7 +280,8 @@ print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype, w
 # The AMP docs ("Op Eligibility") say the last of every device, but a CPU has no such
 # policy: `prod` is on its float32 list, so autocast casts the input up, and the named
 # dtype makes the result 16-bit again (the last line; MPS does the same, below). Each,
-# traced next to a call that autocast does handle:
+# traced next to a call that autocast does handle (`exp` is on CUDA's float32 list and on
+# no CPU list, so on a CPU both `exp` rows are alike):
 
 # %%
 print(probe_table(["mm(a, b)", "mm(a, b, out=c)", "addmm(c, a, b)", "c.addmm_(a, b)",
@@ -519,9 +520,9 @@ autocast_explorer(device, precision=dtype)
 #
 # - `torch.autocast(device, dtype)` wraps the forward pass and the loss. Inside it, matmuls
 #   and convolutions ran in 16-bit; the losses came out float32 (the traces above).
-# - Autocast never converts the model: it casts a float32 weight to 16-bit for each op on
-#   its lower-precision list (the `_to_copy` rows); the `LayerNorm` weights went in as
-#   float32. Parameters and their `.grad` stayed float32.
+# - Autocast never converts the model: it casts a float32 weight to 16-bit for the ops on
+#   its lower-precision list (once per region for a parameter, its cast cache; the
+#   `_to_copy` rows); the `LayerNorm` weights went in as float32. Parameters and their `.grad` stayed float32.
 # - Each device type has its own lists (trace on the device you train on). Ops on no list
 #   run in the dtype their inputs give them (the residual `add` came out float32 by type
 #   promotion, not because of autocast).

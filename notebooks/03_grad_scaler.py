@@ -114,9 +114,8 @@ print(flush_report(fp32, fp16, "fp16"))
 # over the batch of its input times the gradient flowing back, so it is exactly zero when no
 # example has both nonzero: among others, the weights that read a pixel blank in the whole
 # batch (lesson 01 counted them), and those of a unit whose ReLU was off for every example.
-# Everything fp16 adds to that is lost to its range: the fp16 + GradScaler report below runs
-# the same fp16 forward and adds none. Why?
-# Compare the sizes. (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's
+# Everything fp16 adds to that is lost to its range (a scaler will show it). Why? Compare the
+# sizes. (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's
 # smallest subnormal, rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
 # %%
@@ -319,8 +318,9 @@ print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
 # %% [markdown]
 # ## Why the first steps can be skipped
 #
-# A scale can also be too large: a scaled gradient from 65520 on (halfway past fp16's
-# largest, 65504) overflows to inf. A loss
+# A scale can also be too large: a scaled gradient that fp16 holds (every gradient of this
+# all-Linear network passes through fp16 matmuls) overflows to inf from 65520 on, halfway
+# past fp16's largest, 65504. A loss
 # summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence)
 # has gradients as many times larger as there are terms in the sum. Here is the same
 # network with the cross-entropy summed over the batch of 64. **Predict** what happens to
@@ -362,7 +362,8 @@ print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW
 # Halving from 65536 to below the floor (`min_scale`, 256 here) takes 9 skipped steps; the
 # course's `Trainer` stops there with `ScaleCollapseError` instead of skipping forever, and
 # says where to look. A plain `GradScaler` has no floor: it halves silently for as long as
-# the steps overflow. In your own loop, the same check is two lines after `scaler.update()`:
+# the steps overflow (`update()` multiplies by `backoff_factor` with no lower bound:
+# `_amp_update_scale_` in `aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`). In your own loop, the same check is two lines after `scaler.update()`:
 # `if scaler.get_scale() < floor: raise RuntimeError(...)`.
 #
 # ## The lr scheduler and skipped steps
@@ -421,9 +422,8 @@ fresh.load_state_dict(state)
 print(f"after load_state_dict: {fresh.get_scale():g}")
 
 # %% [markdown]
-# Without it, a resumed run starts again at 65536: for this run, whose scale had settled
-# lower, that is above where its gradients fit, and it skips again (a run whose scale had
-# grown above 65536 would instead start lower and grow back). The
+# Without it, a resumed run starts again at 65536, where a fresh scaler starts (the cell
+# above), instead of at the scale its gradients had reached. The
 # `Trainer` saves the scaler with the model, optimizer, scheduler, RNG and history;
 # **predict**: does a run resumed halfway end exactly where an uninterrupted one does?
 
@@ -473,8 +473,8 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 
 # %% [markdown]
 # Its title counts the skipped steps: the first ones bring 2^20 down to where the gradients
-# fit; after that, a short interval keeps growing the scale into an overflow and halving
-# it back, a skipped step each time.
+# fit; after that the scale grows every 5 clean steps, and some of those growths overflow
+# and are halved back, a skipped step each time.
 
 # %% [markdown]
 # ## Remember
@@ -488,7 +488,7 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
 # - bf16 has float32's range: this network's gradients lose none to it (this run's count:
 #   one value made 0 by rounding), and need no scaler. A cast to bf16 too rounds to 0 at or
-#   below half its smallest subnormal (9.2e-41, printed above).
+#   below half its smallest subnormal (that subnormal is 9.2e-41, printed above).
 #
 # ## Watch out
 #

@@ -95,7 +95,7 @@ def test_a_step_that_lets_an_inf_through_is_named():
         return False
 
     verdict = check_amp_step(no_scaler, "cpu")
-    assert not verdict.passed and "the gradients of steps [0, 3, 5] hold an inf, yet the optimizer stepped" in str(verdict)
+    assert not verdict.passed and "steps [0, 3, 5] should have been skipped" in str(verdict)
 
 
 def _unscale_every_micro_batch(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):

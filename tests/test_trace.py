@@ -882,3 +882,12 @@ def test_a_probe_that_needs_float64_is_marked_on_mps(monkeypatch):
     assert trace._cell("mm(a64, b64)", torch.float16, "mps", False) == "(no float64 on mps)"
     assert "mm(a64, b64)" not in devicechecks._probes_on(torch.device("mps"))
     assert len(devicechecks._probes_on(torch.device("mps"))) == len(PROBES) - 1
+
+
+def test_probe_table_keeps_the_cpu_column_on_a_gpu_machine(monkeypatch):
+    from amp_lessons import trace as T
+
+    monkeypatch.setattr(T, "pick_device", lambda *a, **k: torch.device("cuda"))
+    assert T._wheres(None) == [("cpu", False), ("cuda", False), ("cuda", True)]
+    monkeypatch.setattr(T, "pick_device", lambda *a, **k: torch.device("cpu"))
+    assert T._wheres(None) == [("cpu", False), ("cuda", True)]

@@ -285,9 +285,9 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
         reached = [i for i in expected if i not in truly]
         needless = [i for i in truly if i not in expected]
         if reached:
-            bad(f"the gradients of steps {reached} hold an inf, yet the optimizer stepped "
-                "on them: let scaler.step(opt) decide (it skips a step whose gradients "
-                "hold inf/NaN), with the loss scaled by scaler.scale(loss)")
+            bad(f"steps {reached} should have been skipped (an inf in the batch, or the scale set to "
+                "2^40), yet the optimizer stepped on them: let scaler.step(opt) decide (it skips a step "
+                "whose gradients hold inf/NaN), with the loss scaled by scaler.scale(loss)")
         if needless:
             bad(f"steps {needless} were skipped although their batches were clean")
         if any(not unchanged[i] for i in truly):

@@ -911,9 +911,9 @@ def _cell(name, dtype, device, simulate) -> str:
 
 
 def _wheres(devices) -> list[tuple[str, bool]]:
-    if devices is None:
+    if devices is None:  # the CPU always (its lists are the lessons' contrast), this device, CUDA replayed
         here = pick_device().type
-        return [(here, False), ("cuda", True)]
+        return [("cpu", False), *([(here, False)] if here != "cpu" else []), ("cuda", True)]
     out = []
     for d in devices:
         name = str(d)
