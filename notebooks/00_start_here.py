@@ -332,7 +332,7 @@ print(describe_precision("fp16", "cpu"))
 #   `recipes_source/recipes/amp_recipe.py`;
 #   docs.pytorch.org/tutorials/recipes/recipes/amp_recipe.html).
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
-#   PyTorch's CUDA notes (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and
+#   PyTorch's CUDA notes (`docs/source/notes/cuda.md`, "TensorFloat-32 (TF32) on Ampere (and
 #   later) devices") and the function's docstring (`torch/__init__.py`), which says "This flag
 #   currently only affects one native device type: CUDA"; on a CPU it sets
 #   `torch.backends.mkldnn.matmul.fp32_precision`.

@@ -462,9 +462,9 @@ check_loss_scale(my_scale, grads)
 #
 # - TF32 keeping 10 of float32's 23 mantissa bits: "only the first 10 bits of the input
 #   mantissa are read", PyTorch's numerical-accuracy notes
-#   (`docs/source/notes/numerical_accuracy.rst`, "TensorFloat-32 (TF32) on Nvidia Ampere (and
+#   (`docs/source/notes/numerical_accuracy.md`, "TensorFloat-32 (TF32) on Nvidia Ampere (and
 #   later) devices"); "by rounding input data to have 10 bits of mantissa", the CUDA notes
-#   (`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and later) devices").
+#   (`docs/source/notes/cuda.md`, "TensorFloat-32 (TF32) on Ampere (and later) devices").
 # - `GradScaler` skipping a step with an inf and halving its scale, doubling it after
 #   `growth_interval` clean steps: `torch/amp/grad_scaler.py` (lesson 03 runs it).
 # - The gradient histogram against float16's range: Micikevicius et al., *Mixed Precision

@@ -602,12 +602,12 @@ check_setup(my_setup, device)
 # - `"highest"`, `"high"` and `"medium"`: the docstring of
 #   `torch.set_float32_matmul_precision` (`torch/__init__.py`); per backend,
 #   `Context::setFloat32MatmulPrecision` (`aten/src/ATen/Context.cpp`) and the "MKLDNN
-#   backend" notes (`docs/source/notes/mkldnn.rst`); on a CPU, `use_mkldnn_bf32_matmul`
+#   backend" notes (`docs/source/notes/mkldnn.md`); on a CPU, `use_mkldnn_bf32_matmul`
 #   and `mkldnn_gemm` (`aten/src/ATen/native/mkldnn/Matmul.cpp`) and oneDNN's
 #   "Floating-point Math Mode" page.
 # - TF32's 10 bits on Ampere and later: PyTorch's CUDA semantics notes
-#   (`docs/source/notes/cuda.rst`) and numerical-accuracy notes
-#   (`docs/source/notes/numerical_accuracy.rst`).
+#   (`docs/source/notes/cuda.md`) and numerical-accuracy notes
+#   (`docs/source/notes/numerical_accuracy.md`).
 # - Which ops autocast runs in float32, per device: the Autocast Op Reference,
 #   `docs/source/amp.md` (lesson 02 traces them).
 # - The 2-3x on tensor-core GPUs: PyTorch's AMP recipe (lesson 00's Sources).

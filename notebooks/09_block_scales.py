@@ -148,8 +148,8 @@ print("torch's float8_e8m0fnu reads the same:",
 # `X = amax / 6` for e2m1, puts amax on 6. A power of two can only come near it, and the
 # rule that picks it matters. The OCP MX spec v1.0 takes `2^(floor(log2(amax)) - 2)` (2 is
 # the exponent of e2m1's largest value, 8 for e4m3's 448), which follows amax's own power of
-# two: amax lands between 4 and 8, so X can fall either side of the exact one, and above 6
-# amax is clamped to 6. cuBLAS's rule, "rceil", takes the smallest power of two at or above
+# two: `amax / X` lands between 4 and 8, so X can fall either side of the exact one, and
+# from 7 on `amax / X` saturates to 6 (below 7 it rounds to 6). cuBLAS's rule, "rceil", takes the smallest power of two at or above
 # the exact X: amax lands at or below the element's largest value, never above it. **Predict** what each does to this block of values:
 
 # %%
@@ -465,8 +465,9 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
 #
 # Lesson 08's fp8 linear, with blocks: `BlockLinear` quantizes both operands of each of its
 # three matmuls along the dimension that matmul sums over (MXFP8: 1x32 e4m3 with e8m0
-# scales by rceil, as torchao's and Transformer Engine's MXFP8 recipes pick them; NVFP4: 1x16
-# e2m1 with e4m3 scales and a tensor scale),
+# scales by rceil, as torchao's and Transformer Engine's MXFP8 recipes pick them, gradients
+# included: with a scale per 32 values e4m3's range is enough, where lesson 08's per-tensor
+# recipe needed e5m2; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale),
 # dequantizes, and multiplies in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
 # output gradient is rounded to nearest, or stochastically. A smaller MLP than above, two
 # hidden layers of 64 (a multiple of both block sizes), so that four runs stay quick; the
@@ -590,9 +591,9 @@ else:
 # - The element sets the level: here every e4m3 scheme beats every e2m1 one by over 6 dB.
 #   With e4m3 a finer scale rescues the small values an outlier pushes out: a 32-value block
 #   confines an outlier feature; a per-row scale helps only as far as it varies by row.
-# - NVFP4 beats MXFP4 here (it has 16-value blocks and e4m3 scales; of the two, only the
-#   scales' share is measured: the OCP rule's powers of two cost MXFP4 less than a bit's
-#   6 dB), and needs its tensor scale for gradient-sized values.
+# - NVFP4 beats MXFP4 here (it has 16-value blocks and e4m3 scales; measured apart: MXFP4's
+#   power-of-two scales cost it less than a bit's 6 dB against exact float32 scales), and
+#   needs its tensor scale for gradient-sized values.
 # - Emulated in float32, a block-scaled matmul is dequantize-then-matmul, up to accumulation
 #   order. A real kernel may accumulate with less: DeepSeek-V3 (section 3.3) measured about
 #   14 bits on H800's fp8 tensor cores, and adds partial sums into float32 every 128 values.
@@ -605,8 +606,9 @@ else:
 #   quantizer uses (torchao 0.18's `MXTensor.to_mx` defaults to `FLOOR`).
 # - `margin` buys headroom for spikes with range at the bottom, on every step.
 # - Round-to-nearest in 4 bits drops a block's small gradient values every step (the block
-#   above). NVIDIA's NVFP4 recipe rounds gradients stochastically; on this small network it
-#   gained nothing measurable (the verdict above), so measure it on yours.
+#   above). NVIDIA's NVFP4 recipe rounds gradients stochastically; in the one seeded run
+#   above it gained nothing measurable, and such a result can change from seed to seed:
+#   measure it on yours, over several seeds.
 #
 # ## Exercise: an e8m0 scale that never saturates
 #
@@ -641,7 +643,8 @@ check_e8m0_code(my_e8m0_code)
 #   `scaled_mm` with `ScalingType` (`BlockWise1x16`, `BlockWise1x32`, `BlockWise1x128`,
 #   `BlockWise128x128`) and `SwizzleType.SWIZZLE_32_4_4`, the layout cuBLAS reads block scales
 #   in; `aten/src/ATen/native/cuda/ScaledBlas.cpp`'s `_check_deepseek_support` (1x128 and
-#   128x128 on compute capability 9.x with cuBLASLt 12.9+ only).
+#   128x128 on compute capability 9.x with cuBLASLt 12.9+ only) and `_scaled_mxfp8_mxfp8`
+#   (on ROCm, "only supported on gfx950").
 # - PTX ISA, `cvt` with `.e2m1x2`: `.rn` rounds to nearest even, `.satfinite` clamps; `mma`
 #   (and Blackwell's `tcgen05.mma`) with `.block_scale`: the tensor core scales A and B by
 #   their block scales (`scale_A`, `scale_B`) itself ("Block Scaling").
