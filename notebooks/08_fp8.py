@@ -18,10 +18,10 @@
 #
 # NVIDIA's Ada, Hopper and Blackwell GPUs have tensor cores for 8-bit floats, and large
 # models are trained with them. Two formats: **e4m3** (4 exponent bits, 3 mantissa bits)
-# and **e5m2**. Their range is short: cast as they are, e4m3 flushes most gradients to zero,
-# e5m2 fewer (below).
+# and **e5m2**. Their range is short: cast as they are, e4m3 flushes most of this network's
+# gradients to zero, e5m2 fewer (below; how many depends on the batch and the loss).
 # So recipes multiply every tensor by a *scale* first, chosen so that its largest value
-# lands on the format's largest value. That is lesson 03's loss scale again, with two
+# lands on the format's largest value (or, in power-of-two recipes, just under it). That is lesson 03's loss scale again, with two
 # differences: in the recipe this lesson builds, it is computed from the tensor itself
 # rather than searched for, and every tensor (or every row) gets its own.
 #
@@ -283,7 +283,7 @@ print(amp_lessons.claims.at_most("scaled per tensor, e4m3 flushes at most 5% of 
 # in the same tensor still lands low. Per-row scaling gives every row its own amax (for a
 # matmul `A @ B`, every row of `A` and every column of `B`, along the dimension the product
 # sums over). A row's amax is never larger than the tensor's, so its scale is never
-# smaller: per row can only flush fewer.
+# smaller: per row never flushes more.
 
 # %%
 print(census_table(groups, "row"))
@@ -326,6 +326,8 @@ exact = o.input.to(device) @ o.weight.to(device).T
 gap = ((fp8_out - by_hand).norm() / by_hand.norm()).item()
 if device.type == "cuda" and not emulate:  # fp8 tensor cores accumulate their own way (lesson 09)
     print(f"{mm} against dequantize + matmul on this GPU: {measured(gap, '.2g')}")
+elif emulate:  # reference_mm against itself: nothing to check
+    print("emulated on this GPU: _scaled_mm is not checked here")
 else:
     print(amp_lessons.claims.at_most(f"{mm} is dequantize + matmul, up to float32 rounding", gap, 1e-5, ".2g"))
 err = ((fp8_out - exact).norm() / exact.norm()).item()
@@ -335,7 +337,8 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, not run here; Sources): compute
 # capability 8.9 or 9.0+, and
 #
-# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule);
+# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule; torch
+#   2.11 checks it on every GPU; newer torch only on Hopper, as Blackwell takes any layout);
 # - the second operand's two dimensions, and the first operand's inner one, multiples of 16;
 # - never e5m2 times e5m2: e5m2 is for gradients, paired with e4m3.
 #
@@ -536,10 +539,11 @@ print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_s
 #
 # - e4m3 (here for inputs and weights, 3 mantissa bits) spans fewer than half of fp16's
 #   powers of two. e5m2 (here for gradients) has fp16's exponent and 2 mantissa bits, but
-#   subnormals only to 2^-16. Unscaled, e4m3 flushes most gradients.
+#   subnormals only to 2^-16. Unscaled, e4m3 flushed most of this network's gradients
+#   (batch 64, a mean loss; a summed loss or a smaller batch lifts them, and fewer flush).
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
-#   flush fewer still. Delayed scaling reuses past amaxes and can overflow.
+#   flush no more. Delayed scaling reuses past amaxes and can overflow.
 # - `torch._scaled_mm` is dequantize-then-matmul (on this CPU up to float32 rounding). The
 #   weights, the optimizer and the output stay in high precision.
 #
