@@ -88,21 +88,37 @@ report = machine.report()
 print(report.table(width=100))
 
 # %% [markdown]
-# What decides the precision:
+# ## Reading the outputs: `≈` figures and `✓` verdicts
+#
+# Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
+# count, torch release and GPU. The lessons print them with a leading `≈` (the matmul rates
+# below). A sentence drawn from such figures is checked in its cell by a **verdict**, its
+# margin in the words: `✓ holds` here, or `✗ did not hold here`, with the figures it used. One with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
+
+# %%
+from amp_lessons.claims import at_most
+
+a = torch.randn(64, 64)
+exact = a @ a
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    error = ((a @ a).float() - exact).norm() / exact.norm()  # relative, over the whole matrix
+print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in norm over the whole matrix",
+              error, 0.01, ".2g"))
+
+# %% [markdown]
+# ## What decides the precision
 #
 # - **a GPU**: its compute capability. An A100's tensor cores run bf16 and fp16 matmuls at
-#   16x its float32 rate (its datasheet, Sources).
+#   16x its plain float32 rate, 2x its TF32 rate (its datasheet, Sources).
 # - **bf16, native or emulated**: a T4 (compute capability 7.5) *reports* bf16 support
 #   through `torch.cuda.is_bf16_supported()`, but only by emulation: bf16 tensor cores start
 #   at compute capability 8.0 (Sources), and `is_bf16_supported(including_emulation=False)`
 #   says False there.
-# - **a CPU**: its measured rates. Fast 16-bit kernels are what its instruction sets allow,
-#   not promise (Sources), so the report times one 256 x 256 matmul per precision, the best
-#   of 3, and the recommendation cites the bf16 rate.
+# - **a CPU**: its measured rates. Its instruction sets permit a fast 16-bit path but do not
+#   guarantee one (Sources), so the report times a 256 x 256 matmul per precision.
 #
-# Whether fp16 needs a GradScaler depends on the gradients, not the device: lesson 01
-# counts yours below float16's range, and the course pairs fp16 with a scaler because it
-# cannot know that in advance. bfloat16 has float32's range.
+# fp16 comes with a GradScaler on every device: whether one is needed depends on the
+# gradients, which lesson 01 counts against float16's range, not on the device.
 
 # %%
 from amp_lessons.claims import measured
@@ -111,13 +127,9 @@ for p, r in speedups.items():
     print(f"{p} matmul: {measured(r, '.2g')}x float32's rate on {device.type}")
 
 # %% [markdown]
-# A rate below 1 is a slowdown; on x86 the report's bfloat16 and float16 rows say which types
-# have native instructions here.
-#
-# `recommend`, the pure function of a device's facts that every command and lesson calls,
-# gives this table on every machine. Asked for three CPU classes at a bf16 rate at the
-# threshold and just below it, the three answer alike, whatever their instruction sets
-# (checked, then printed as one row):
+# A rate below 1 is a slowdown. `recommend`, the rule behind every lesson's report, gives
+# the table below. On a CPU only the measured bf16 rate decides: three CPU classes, asked at
+# the threshold and just below it, give the same two answers (checked, then one row):
 
 # %%
 from amp_lessons.claims import check
@@ -144,27 +156,21 @@ for label, facts in devices.items():
         print(f"{label:<34} {precision}{' + GradScaler' if scaler else ''}")
 
 # %% [markdown]
-# Why not bf16 on a T4? Here is the reason the package gives for Colab's free GPU:
-
-# %%
-import textwrap
-
-print(textwrap.fill(recommend("cuda", (7, 5), bf16_native=False)[2], 88))
-
-# %% [markdown]
 # ## The card
 #
-# The course teaches one page of advice, the kind pinned above a desk, quoted in the lessons
-# as *the card*; each sentence is checked somewhere, shown happening or traced to its source
-# (in italics):
+# The course teaches one page of advice, quoted in the lessons as *the card*; each sentence
+# is shown happening in a lesson or traced to its source (in italics):
 #
 # > Mixed precision typically gives 2-3x faster training and halves activation memory on
-# > modern GPUs. *(the 2-3x: PyTorch's AMP recipe, Sources; "halves" only in matmul-heavy
-# > layers, as what autocast keeps in float32 is saved in float32; 05 measures both here)*
+# > modern GPUs. *(PyTorch's AMP recipe reports 2-3x for its own large linear layers on
+# > Volta, Turing and Ampere, and small networks may gain nothing, Sources; "halves" only in
+# > matmul-heavy layers, as what autocast keeps in float32 is saved in float32; 05 measures
+# > both here)*
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
-# > memory. *(the weights: 02; the tensor cores: A100 datasheet, Sources; the memory: 05)*
+# > memory. *(the weights: 02; the tensor cores: A100 datasheet, Sources; the memory: in
+# > matmul-heavy layers, 05)*
 # >
 # > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
 # > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
@@ -209,16 +215,18 @@ print(check("a bf16 sum of 10000 ones gives 9984, bf16's nearest to 10000; added
 # %% [markdown]
 # Under CUDA's autocast softmax, layer_norm and sum come out float32 but `mean` does not,
 # and `cross_entropy` runs its `_log_softmax` in bf16, casting up only for `nll_loss`; under
-# a CPU's the four keep the bf16 they were given, and both losses run in float32. Lesson 02
-# traces both float32 lists, and explains `cross_entropy`. The table shows the dtypes ops
-# return, not how they add up: the verdict under it is a bf16 sum that does not add in bf16.
+# a CPU's the four keep the bf16 they were given, and both losses run in float32 (lesson 02
+# traces both lists). The table gives the dtype an op returns, not the one it adds in: one
+# at a time in bf16, ones would stop at 256, so a bf16 sum that reaches 9984 was added in a
+# wider type and rounded to bf16 at the end.
 #
 # ## What runs where
 #
 # TF32 is not a dtype but a way of multiplying float32 matrices with 10 stored mantissa
 # bits, which NVIDIA's tensor cores do from Ampere on; `set_float32_matmul_precision("high")`
-# asks for it, and its docstring says it affects only CUDA. **Predict**: does `"high"`
-# change a float32 matmul's result on this CPU?
+# asks for it. Its docstring says it affects only CUDA; on a CPU, torch's oneDNN matmul
+# takes a tf32 path only where the CPU has AMX-FP16 (`Matmul.cpp`, Sources). **Predict**,
+# from the report's AMX-FP16 row: does `"high"` change a float32 matmul's result here?
 
 # %%
 a, b = torch.randn(256, 256), torch.randn(256, 256)
@@ -235,9 +243,10 @@ print(check("'high' changes this CPU's float32 matmul results only where the CPU
 print(f"this CPU: AMX-FP16 {amx_fp16}; 'high' changed the matmul's result: {changed}")
 
 # %% [markdown]
-# Without AMX-FP16, `"high"` changes nothing on a CPU: only there does torch's oneDNN
-# matmul take a tf32 path (`Matmul.cpp`, Sources). The course trains in tf32 only on
-# Ampere-or-newer NVIDIA GPUs. **Predict**: which precisions does it refuse on a CPU?
+# `"medium"` is another matter: it allows bf16, which oneDNN may take on a CPU that passes
+# torch's bf16 check; lesson 05 measures the error it gives.
+#
+# **Predict**: which precisions does the course refuse on a CPU?
 
 # %%
 from amp_lessons.hardware import supported_precisions
@@ -253,13 +262,13 @@ print("autocast's dtype when none is given:",
       {name: torch.get_autocast_dtype(name) for name in ("cuda", "cpu")})
 
 # %% [markdown]
-# Both run, fast or slow: on a CPU the course keeps every precision autocast runs and
-# leaves speed to the measured rates above. On a GPU it leaves out what runs only by
-# emulation (bf16 on a T4).
+# Only tf32: the course trains in it only on Ampere-or-newer NVIDIA GPUs. On a CPU it keeps
+# every precision autocast runs and leaves speed to the measured rates above; on a GPU it
+# leaves out what runs only by emulation (bf16 on a T4).
 #
 # Precision names are parsed in one place. **Predict**: what does `"half"` mean, and what
 # happens with a typo? (A cell that fails on purpose runs inside `expect_error`, which prints
-# the error as the last line of a traceback would and lets "Run all" go on.)
+# the error's type and message and lets "Run all" go on.)
 
 # %%
 [amp_lessons.parse_precision(n) for n in ("float16", "half", torch.bfloat16, "FP32", "tf32")]
@@ -271,32 +280,12 @@ with expect_error(ValueError):
     amp_lessons.parse_precision("fp61")
 
 # %% [markdown]
-# ## Reading the outputs: `≈` figures and `✓` verdicts
-#
-# Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
-# count, torch release and GPU. The lessons print them with a leading `≈` (`measured`
-# above). A sentence drawn from such figures is checked in its cell by a **verdict**, its
-# margin in the words: `✓ holds` here, or `✗ did not hold here`, with the figures it used.
-# Two verdicts, one exact and one with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
-
-# %%
-from amp_lessons.claims import at_most
-
-with torch.autocast("cpu", dtype=torch.float16):
-    print(check("float16 autocast runs matmuls in float16 on this CPU", (a @ a).dtype == torch.float16))
-exact = a @ a
-with torch.autocast("cpu", dtype=torch.bfloat16):
-    error = ((a @ a).float() - exact).norm() / exact.norm()  # relative, over the whole matrix
-print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in norm over the whole matrix",
-              error, 0.01, ".2g"))
-
-# %% [markdown]
 # ## How the widgets work
 #
 # Lessons 00, 01, 02 and 03 have widgets: controls wired to the functions the cells call, which
-# redraw when moved (a static view, such as GitHub's, does not render them: open the notebook
-# in JupyterLab or Colab). Click a precision: the text shows the dtype autocast computes in,
-# whether a GradScaler is needed, and whether the course uses it on this device.
+# redraw when moved in a running notebook (JupyterLab or Colab). Click a precision: the text
+# shows the dtype autocast computes in, whether a GradScaler is needed, and whether the course
+# uses it on this device.
 
 # %%
 from amp_lessons.widgets import precision_picker
@@ -318,18 +307,19 @@ print(describe_precision("fp16", "cpu"))
 #   and opens that copy in JupyterLab; `make test` re-runs every lesson and compares its
 #   outputs with the stored ones.
 # - **Colab**: open a lesson from the README's "Open in Colab" links. *Runtime → Change
-#   runtime type → T4 GPU* gives you a GPU, and the lessons then run on it, each in the
-#   precision its point needs.
+#   runtime type → T4 GPU* gives you a GPU, which `resolve_machine` then picks; cells that
+#   name the CPU, as this lesson's checks do, stay there, and so does lesson 07 (its GPU runs
+#   need two).
 # - **Headless**: `python -m amp_lessons doctor` prints the report above. The stored outputs
-#   come from a CPU run, and what the lessons say of CUDA (lesson 02's autocast lists, say)
-#   comes from PyTorch's source and a simulation; `make gpu-check` runs every lesson as a
-#   script on a real GPU and prints every verdict, those statements checked.
+#   come from a CPU run; what the lessons say of CUDA comes from PyTorch's source and a
+#   simulation, and `make gpu-check` runs every lesson on a real GPU and prints every verdict.
 #
 # ## Sources
 #
 # - The 2-3x: PyTorch's AMP recipe, "This recipe should show significant (2-3X) speedup" on
-#   Volta, Turing and Ampere GPUs, and "small networks may be CPU bound" (`pytorch/tutorials`,
-#   `recipes_source/recipes/amp_recipe.py`;
+#   Volta, Turing and Ampere GPUs, for its "sequence of linear layers and ReLUs", and "Small
+#   networks may be CPU bound, in which case mixed precision won't improve performance"
+#   (`pytorch/tutorials`, `recipes_source/recipes/amp_recipe.py`;
 #   docs.pytorch.org/tutorials/recipes/recipes/amp_recipe.html).
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
 #   PyTorch's CUDA notes (`docs/source/notes/cuda.md`, "TensorFloat-32 (TF32) on Ampere (and
@@ -343,8 +333,7 @@ print(describe_precision("fp16", "cpu"))
 #   `aten/src/ATen/native/mkldnn/Utils.h`: on x86, oneDNN's bf16 and fp16 type support, whose
 #   error texts in torch 2.13 name "avx_ne_convert or avx512bw, avx512vl and avx512dq" and
 #   "avx_ne_convert or avx512_fp16"; off x86, bf16 where cpuinfo reports Arm's bf16
-#   instructions, fp16 never. `mkldnn_matmul`'s Arm branch in `Matmul.cpp` takes float32
-#   and bf16 only. The report reads x86's AVX512-BF16, AVX512-FP16 and AMX flags only.
+#   instructions, fp16 never. The report reads x86's AVX512-BF16, AVX512-FP16 and AMX flags only.
 # - CPU and CUDA autocast's float32 lists: `aten/src/ATen/autocast_mode.cpp` (the
 #   `AutocastCPU` and `AutocastCUDA` registrations), traced in lesson 02.
 # - bf16 tensor cores from Ampere (compute capability 8.0) on: CUDA C++ Programming Guide,
@@ -353,6 +342,6 @@ print(describe_precision("fp16", "cpu"))
 # - bfloat16 on TPUs: Google Cloud's TPU documentation, "Improve your model's performance
 #   with bfloat16" (cloud.google.com/tpu/docs/bfloat16).
 # - Tensor cores' 16-bit rate against float32's: NVIDIA's A100 datasheet gives 19.5 TFLOPS
-#   for float32 and 312 TFLOPS for bf16/fp16 on tensor cores (dense), 16x.
+#   for float32, 156 for TF32 and 312 for bf16/fp16 on tensor cores (dense): 16x and 2x.
 # - A T4 reporting bf16 support by emulation: `torch.cuda.is_bf16_supported` and its
 #   `including_emulation` argument (`torch/cuda/__init__.py`).

@@ -19,7 +19,8 @@ from amp_lessons.hardware import CPU_BF16_MIN_SPEEDUP, recommend
 def test_cpu_recommendation_follows_the_measured_bf16_speed(avx512_bf16, amx, speedup, precision):
     got, scaler, reason = recommend("cpu", None, avx512_bf16 or amx, avx512_bf16, amx, bf16_speedup=speedup)
     assert (got, scaler) == (precision, False)
-    assert f"{speedup:.2g}x float32's rate" in reason
+    # A measured figure, so it carries claims' ≈ (the notebooks' sanitize rule masks it).
+    assert f"ran at ≈{speedup:.2g}x float32's rate" in reason
 
 
 def test_the_threshold_is_inclusive():

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from . import claims
 from .measure import matmul_gflops
 from .precision import PRECISIONS, parse_precision
 
@@ -227,8 +228,8 @@ def _cpu_class(avx512_bf16: bool, amx_bf16: bool, arch: str = "x86_64") -> str:
 def recommend(device_type: str, cuda_capability=None, bf16_native=False,
               avx512_bf16=False, amx_bf16=False, bf16_speedup=None,
               cpu_arch: str = "x86_64") -> tuple[str, bool, str]:
-    """(precision, use_scaler, reason) for a device class: the one rule every command and
-    lesson applies (through :attr:`Machine.recommendation`). Pure: tests and lesson 00's
+    """(precision, use_scaler, reason) for a device class: the one rule every lesson's report
+    and ``doctor`` apply (through :attr:`Machine.recommendation`). Pure: tests and lesson 00's
     table call it directly.
 
     A GPU's answer follows its compute capability, which does not say whether a 7.x GPU
@@ -264,7 +265,8 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                 f"{what}, not measured: on a CPU the course recommends bf16 only where a bf16 matmul "
                 f"measures at least {CPU_BF16_MIN_SPEEDUP}x float32's rate (`python -m amp_lessons "
                 "doctor` measures it).")
-    measured = f" Measured here: a bf16 matmul ran at {bf16_speedup:.2g}x float32's rate."
+    # A float kernels' figure, so printed with claims' leading ≈ (lesson 00 explains it).
+    measured = f" Measured here: a bf16 matmul ran at {claims.measured(bf16_speedup, '.2g')}x float32's rate."
     if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
         return ("bf16", False,
                 f"{what}, whose bf16 matmuls measured faster than float32's.{measured} bf16 needs no "
@@ -356,7 +358,7 @@ class Machine:
     @property
     def recommendation(self) -> tuple[str, bool, str]:
         """(precision, use_scaler, reason): :func:`recommend` on this machine's facts and, on a
-        CPU, its measured bf16 matmul rate. Every command and lesson prints this one."""
+        CPU, its measured bf16 matmul rate. Every lesson's report and ``doctor`` print this one."""
         if "recommendation" not in self._cache:
             speedup = self.speedups["bf16"] if self.type == "cpu" and self.speedups else None
             self._cache["recommendation"] = recommend(self.type, self.cuda_capability, self.bf16_native,
