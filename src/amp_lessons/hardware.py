@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import claims
 from .measure import matmul_gflops
 from .precision import PRECISIONS, parse_precision
 
@@ -266,7 +265,8 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                 f"measures at least {CPU_BF16_MIN_SPEEDUP}x float32's rate (`python -m amp_lessons "
                 "doctor` measures it).")
     # A float kernels' figure, so printed with claims' leading ≈ (lesson 00 explains it).
-    measured = f" Measured here: a bf16 matmul ran at {claims.measured(bf16_speedup, '.2g')}x float32's rate."
+    # ≈ marks a float-kernel figure, as claims.measured does (an instrument imports no verdicts)
+    measured = f" Measured here: a bf16 matmul ran at ≈{bf16_speedup:.2g}x float32's rate."
     if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
         return ("bf16", False,
                 f"{what}, whose bf16 matmuls measured faster than float32's.{measured} bf16 needs no "
