@@ -131,8 +131,7 @@ for p in [p for p in result.runs if p in ("bf16", "fp16")]:
 
 # %% [markdown]
 # `skipped` counts the steps fp16's `GradScaler` threw away (lesson 03). The figure's lower
-# right panel stacks what a training step holds through its backward pass; only the
-# activations shrink:
+# right panel adds up, by kind, what a training step holds; only the activations shrink:
 
 # %%
 from amp_lessons import plots
@@ -212,9 +211,9 @@ print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor
 #
 # **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
 #
-# `doubled_batch` counts, by kind, the bytes a step holds through its backward pass
-# (short-lived temporaries such as activation gradients aside), at the batch and at twice
-# it.
+# `doubled_batch` adds up, by kind, the bytes a step holds, at the batch and at twice it: a
+# sum, not a measured peak (the full gradients and all the saved activations are never live
+# at once; temporaries are left out).
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -235,8 +234,8 @@ print(big.table())
 print("\n".join(big.fits_lines()))
 
 # %% [markdown]
-# Where the 16-bit weight copies outweigh the activation bytes saved, a 16-bit step holds
-# more than fp32's (the total column). A larger batch shrinks the weights' share, but the
+# Where the 16-bit weight copies outweigh the activation bytes saved, a 16-bit step's sum
+# exceeds fp32's (the total column). A larger batch shrinks the weights' share, but the
 # ratio only grows towards fp32's activation bytes per example over 16 bits': the loss's
 # float32 bytes and the labels' int64 do not halve:
 
@@ -253,8 +252,7 @@ print(check("at no batch does a 16-bit step of these MLPs fit twice fp32's batch
 # this notebook runs on?
 #
 # The digits runs' median ms per optimizer step, speed against fp32 (above 1 is faster) and
-# matmul rate; timings change from run to run (the `≈`). This MLP's step is mostly not
-# matmuls (measured below):
+# matmul rate; timings change from run to run (the `≈`):
 
 # %%
 print(result.speed_table())
@@ -307,9 +305,8 @@ print("\n".join(benchcli.breakdown_lines(b, "mlp")))
 plots.step_breakdown(b, "mlp")
 
 # %% [markdown]
-# The bars time Trainer steps under the profiler, the title the same steps without it, and
-# the bench table `make_step` alone; on a busy machine their ratios differ. The categories
-# account for each profiled step:
+# The bars are profiled Trainer steps; the bench table times `make_step` alone, so their
+# ratios differ. The categories account for each profiled step:
 
 # %%
 fp32_step = b.breakdown("mlp", "fp32")
@@ -321,23 +318,15 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
 # **Amdahl's law** estimates what faster matmuls alone give: with a matmul share *f* of the
 # fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r). It is no cap: elementwise
 # ops on 16-bit tensors move half the bytes and run faster where memory bandwidth limits
-# them (NVIDIA's mixed-precision guide), and autocast's casts add work. For the bench MLP:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-for p in [p for p in runnable if p != "fp32" and b.amdahl("mlp", p) is not None]:
-    a = b.amdahl("mlp", p)
-    ran, estimate = (a.step_matmul_ratio, a.step_bound) if a.step_bound else (a.matmul_ratio, a.bound)
-    print(f"{p}: matmuls are {measured(a.share, '.0%')} of the fp32 step and ran {measured(ran, '.2f')}x "
-          f"faster in {p}: Amdahl's law gives {measured(estimate, '.2f')}x; measured without the "
-          f"profiler: {measured(a.measured, '.2f')}x")
-
-# %% [markdown]
+# them (NVIDIA's mixed-precision guide), and autocast's casts add work. The collapsed
+# output's `vs fp32` lines apply it to the bench MLP.
+#
 # So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are, and
 # how much of the step is not matmuls. The collapsed output's last table times three
 # changes aimed at the second part: `grad_stats=False` (no per-step gradient statistics,
-# which lessons 03 and 04 read), then `AdamW(foreach=True)` and `AdamW(fused=True)` (one
-# call over all the tensors instead of a Python loop over them); a gain within a few
+# which lessons 03 and 04 read), then `AdamW(foreach=True)` (one `torch._foreach_*` call
+# per operation over all the tensors, not a loop over them) and `AdamW(fused=True)` (one
+# kernel for the whole update, `torch._fused_adamw_`); a gain within a few
 # percent of 1.00x is noise on a busy machine. `python -m amp_lessons bench --breakdown
 # --compile` adds `torch.compile`.
 #
@@ -403,7 +392,7 @@ plots.lost_updates(lrs, lost_fraction_by_lr(trained, grads, lrs), at_lr=1e-3)
 
 # %% [markdown]
 # With autocast, the forward pass runs in 16 bits but the optimizer adds each update to
-# the float32 master weight, which keeps all but updates below 2^-24 of the weight. That
+# the float32 master weight, which loses at most the updates below 2^-24 of the weight. That
 # is why mixed precision needs no trade-off here, and `model.half()` does.
 #
 # Adam has a second problem. **Predict**: its default `eps=1e-8` is added to the
@@ -497,16 +486,20 @@ print(check("'high' changes this device's float32 matmul only where it has a TF3
 
 # %% [markdown]
 # `"medium"` is the setting to watch: on a CPU it lets oneDNN, the library behind many CPU
-# matmuls, compute a float32 model's matmuls in bf16, with bf16's 7-bit mantissa, and
-# nothing says so (where torch's bf16 check of the CPU passes and oneDNN has a kernel for
-# it; Sources). On an NVIDIA GPU with TF32 it means TF32, as `"high"` does. **Predict** which error
-# this device's float32 matmul has under `"medium"`:
+# matmuls, compute a float32 model's matmuls in bf16, with bf16's 7-bit mantissa, where
+# torch's bf16 check of the CPU passes; whether oneDNN then picks a bf16 kernel depends on
+# the CPU, and nothing says which (Sources). On an NVIDIA GPU with TF32 it means TF32, as
+# `"high"` does. **Predict** which error this device's float32 matmul has under `"medium"`:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+level = {"between": "neither float32's nor bf16's"}.get(err.medium_level, f"{err.medium_level}'s")
+print(f"float32 matmul error: 'highest' {err.highest:.1e}, 'medium' {err.medium:.1e}; a bf16 matmul's: "
+      f"{err.bf16:.1e}: here 'medium' gave {level} accuracy")
 
 # %%
 from amp_lessons.matmul import medium_levels
 
-print(f"float32 matmul error: 'highest' {measured(err.highest, '.1e')}, 'medium' {measured(err.medium, '.1e')}; "
-      f"a bf16 matmul's: {measured(err.bf16, '.1e')}")
 print(check("'medium' gives an error torch's source allows here (on a CPU float32's or bf16's, "
             "on an NVIDIA GPU with TF32 TF32's, each within 3x), nothing between",
             err.medium_level in medium_levels(device)))
@@ -567,9 +560,9 @@ else:
 #   [04 clipping](04_clipping.ipynb) measured the threshold shrinking by the scale.
 # - A speed figure is a ratio measured on one machine: time precisions side by side in
 #   one process (warm-up, synchronize, median), as the bench does, before switching.
-# - `model.half()` with Adam: the for-loop and `foreach` kernels make weights inf/NaN in
-#   one step (`eps` and `v` are 0). The fused kernel's first step is finite; then its `v`,
-#   stored in float16 as 0, lets the steps grow until weights are inf/NaN too.
+# - `model.half()` with Adam: `eps` is 0 in float16, and so is `v` wherever a gradient is 0
+#   or below 5.5e-3 (computed above); the for-loop and `foreach` kernels make those weights
+#   inf/NaN in one step, the fused kernel a few steps later.
 #
 # ## Exercise: fix the setup
 #
@@ -586,8 +579,8 @@ print(inspect.getsource(broken_setup))
 # %% [markdown]
 # Copy it into the cell below as `def my_setup(device_type):`, fix it, and run the cell.
 # The checker inspects the dtype, the weights, the optimizer and the scaler, then trains
-# five steps on the digits with the card's recipe and looks for inf/NaN weights and weights
-# that never moved. As given, it checks the broken setup:
+# five steps on the digits with the card's recipe and looks for inf/NaN weights or losses
+# and weights that never moved. As given, it checks the broken setup:
 
 # %%
 my_setup = broken_setup  # replace with your fixed copy: def my_setup(device_type): ...

@@ -140,7 +140,7 @@ def test_setup_checker_explains_half_with_a_scaler_and_a_scaler_without_device()
             warnings.simplefilter("ignore")
             text = str(check_setup(no_device, "cpu"))
         assert "built for 'cuda' (what torch.amp.GradScaler() means when no device is given)" in text
-        assert "float16 without a GradScaler" not in text
+        assert "GradScaler that does not scale" not in text
 
 
 def test_setup_checker_names_an_optimizer_built_on_another_model():
@@ -213,7 +213,8 @@ def test_setup_checker_refuses_bf16_for_the_float16_task_and_names_the_mistake_n
     verdict = check_setup(to_bf16, "cpu", steps=2)
     assert not verdict.passed and "the task is a float16 run" in str(verdict)
     text = str(check_setup(broken_setup, "cpu", steps=2))
-    assert "enabled=(dtype == torch.float16)" not in text and "switched off" in text
+    assert "enabled=(dtype == torch.float16)" not in text and "does not scale" in text
+    assert "decides whether it is enabled" not in text  # names the symptom, not where the fix goes
     # Adam's eps is a consequence of model.half(), reported with it, not as a third mistake
     assert sum("eps=1e-08" in line for line in text.splitlines()) == 1 and "The same mistake" in text
 

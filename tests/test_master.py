@@ -99,7 +99,7 @@ def test_the_exercise_checker_finds_the_bugs_and_passes_the_fix():
     broken = check_setup(broken_setup, "cpu", steps=3)
     text = str(broken)
     assert not broken.passed
-    assert "in which dtype do small updates survive?" in text and "without a GradScaler" in text
+    assert "in which dtype do small updates survive?" in text and "GradScaler that does not scale" in text
     assert "eps=1e-08" in text and "0.001 g^2" in text
     assert "keep the weights float32" not in text  # a hint, not the fix
     assert "inf/NaN" in text
@@ -209,6 +209,15 @@ def test_the_exercise_checker_refuses_a_setup_that_does_not_train():
 
     verdict = check_setup(_setup_with(lr=0.0), "cpu", steps=2)
     assert not verdict.passed and "no weight has changed" in str(verdict) and "learning rate" in str(verdict)
+
+
+def test_the_exercise_checker_fails_a_setup_whose_loss_goes_nan_with_finite_weights():
+    from amp_lessons.exercises import check_setup
+
+    # float32 weights and a working scaler, but Adam(lr=10): the loss is nan within 5 steps
+    verdict = check_setup(_setup_with(lr=10.0), "cpu")
+    assert not verdict.passed and "a run that trains keeps a finite loss" in str(verdict)
+    assert "inf/NaN" not in str(verdict)  # the weights themselves stay finite: the loss is what fails
 
 
 def test_the_exercise_checker_names_a_missing_scaler_instead_of_crashing():

@@ -175,6 +175,7 @@ def test_a_doubled_batch_costs_only_its_activations_and_the_fit_is_exact():
     assert line.startswith(f"in the {budget / 2**20:.2f} MiB fp32 holds at batch 256, bf16 fits batch {n}, ")
     assert line.endswith("as large: not 2x")
     assert "fp32" in cost.table() and "x2 batch" in cost.table()
+    assert "summed by kind (not a measured peak)" in cost.table()  # gradients and activations never all live at once
     assert cost.peak_line().startswith("peak memory of a whole step: GPU only (on cpu")
 
 

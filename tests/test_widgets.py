@@ -707,7 +707,7 @@ def test_side_by_side_draws_everything_a_step_holds_not_only_the_activations(sid
     whole = (training_memory(result.runs["bf16"].trainer.model, *batch, "bf16").total
              / training_memory(result.runs["fp32"].trainer.model, *batch, "fp32").total)
     assert f"activations {result.memory_ratio('bf16'):.2f}x fp32's" in title
-    assert f"the whole step's memory {whole:.2f}x" in title and whole > result.memory_ratio("bf16")
+    assert f"the step's summed memory {whole:.2f}x" in title and whole > result.memory_ratio("bf16")
     labels = held.get_legend_handles_labels()[1]
     assert any("weights" in label for label in labels) and any("16-bit weight copies" in label for label in labels)
     assert "speed ≈" in title and "accuracy ≈" in title  # float-kernel figures are marked

@@ -718,6 +718,9 @@ def _share_reason(label, share, profiled, name, ratio) -> str:
             text += f"; with the matmuls at {ratio:.2f}x fp32's speed, the step can only lose: {bound:.2f}x"
         if share < 1:
             text += f" (even infinitely fast matmuls: {1 / (1 - share):.2f}x)"
+    if not profiled:
+        return text + (": a floor on their share, not the share (small matmuls can run far below peak "
+                       "and still take most of the step); only a profile measures it")
     if share >= 0.6:
         return text + ": matmul-bound, so the matmul speed shows in the step"
     if share >= 0.3:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -659,7 +660,7 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
     (and, where they are 16-bit, what that does to Adam), the GradScaler (on, and for the
     right device); then trains ``steps`` steps on the digits with the card's recipe and
-    looks for inf/NaN weights and for weights that never moved; an optimizer that holds not
+    looks for inf/NaN weights and losses and for weights that never moved; an optimizer that holds not
     all of the model's parameters (or other tensors) is named. Used in 05.
     """
     dev = pick_device(device)
@@ -701,8 +702,8 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
             f"when no device is given), and the model runs on {dev.type!r}: it warned and disabled "
             "itself, so nothing is scaled. It needs to know the model's device")
     elif dtype == torch.float16 and not scaler.is_enabled():
-        bug("float16 without a GradScaler: small gradients flush to zero. The scaler exists but is "
-            "switched off: look at what decides whether it is enabled")
+        bug("float16 with a GradScaler that does not scale (scaler.is_enabled() is False): small "
+            "gradients flush to zero")
     elif dtype == torch.float16:
         findings.append("right: float16 with a GradScaler")
     elif scaler.is_enabled():
@@ -740,6 +741,10 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     elif not moved:
         bug(f"after {steps} steps no weight has changed: look at what the optimizer was given, "
             "its learning rate first")
+    elif not all(math.isfinite(v) for v in losses):
+        bug(f"the weights stay finite, but the loss went {measured(losses[0], '.2f')} -> "
+            f"{measured(losses[-1], '.2f')} in {steps} steps: a run that trains keeps a finite loss; "
+            "look at the optimizer's settings (the card's recipe changes none of them)")
     else:
         findings.append(f"after {steps} steps every weight is finite and {measured(moved / total, '.0%')} of "
                         f"them changed; loss {measured(losses[0], '.2f')} -> {measured(losses[-1], '.2f')}")

@@ -432,7 +432,9 @@ def available_memory(device) -> int | None:
 
 @dataclass(frozen=True)
 class TrainingMemory:
-    """Bytes a training step holds through its backward pass, by kind, for one precision and batch.
+    """Bytes a training step holds, by kind, for one precision and batch; ``total`` is their sum,
+    not a measured peak (with ``zero_grad(set_to_none=True)`` the full gradients and all the
+    saved activations are never live at the same moment).
 
     Only ``activations`` grow with the batch, and only they (and ``weight_copies``) depend
     on the precision: the float32 weights, their gradients and the optimizer state stay
@@ -532,7 +534,8 @@ class BatchCost:
         """Bytes by kind at the batch and at twice it, in MiB (exact counts, not timings)."""
         head = (f"{'precision':<10}{'weights':>9}{'grads':>8}{'optimizer':>10}{'16-bit':>8}"
                 f"{'activations':>12}{'total':>9}{'x2 batch':>10}{'added':>8}")
-        lines = [f"MiB held through one training step, batch {self.batch} and {2 * self.batch}", head]
+        lines = [f"MiB a training step holds, summed by kind (not a measured peak), batch {self.batch} "
+                 f"and {2 * self.batch}", head]
         for p, (one, two) in self.rows.items():
             lines.append(f"{p:<10}{one.weights / MiB:>9.2f}{one.gradients / MiB:>8.2f}"
                          f"{one.optimizer_state / MiB:>10.2f}{one.weight_copies / MiB:>8.2f}"

@@ -439,7 +439,7 @@ def side_by_side(result, memory: dict | None = None):
         held.annotate(f"{total:.2f} MiB", (x, total), ha="center", va="bottom", fontsize=9,
                       xytext=(0, 2), textcoords="offset points")
     batch = next(iter(memory.values())).batch
-    held.set(ylabel="MiB held through one step", ylim=(0, 1.15 * max(bottom)),
+    held.set(ylabel="MiB a step holds, summed\n(not a measured peak)", ylim=(0, 1.15 * max(bottom)),
              title=f"memory of a training step, batch {batch}")
     fig.legend(*held.get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=9,
                frameon=False, reverse=True)
@@ -447,7 +447,7 @@ def side_by_side(result, memory: dict | None = None):
         ax.spines[["top", "right"]].set_visible(False)
     low = [p for p in names if p in ("bf16", "fp16")]
     if low:
-        lines = [f"{p}: activations {result.memory_ratio(p):.2f}x fp32's, the whole step's memory "
+        lines = [f"{p}: activations {result.memory_ratio(p):.2f}x fp32's, the step's summed memory "
                  f"{memory[p].total / memory['fp32'].total:.2f}x, speed {measured(result.speedup(p), '.2f')}x, "
                  f"test accuracy {measured(runs[p].accuracy, '.2f')}" for p in low]
         fig.suptitle(f"on {result.device}, against fp32 (test accuracy "
@@ -573,9 +573,7 @@ def step_breakdown(result, model: str = "mlp"):
     """05: one Trainer step per precision as a stacked bar of its categories (ms), from
     :func:`amp_lessons.bench.run_bench` with ``breakdown=True``.
 
-    The title states the matmul share of the fp32 step and, for the first 16-bit
-    precision, the speedup of the same steps timed without the profiler (the bars are
-    profiled, so their ratio differs).
+    The title states the matmul share of the fp32 step: only what the bars show.
     """
     bds = [b for b in result.breakdowns if b.model == model]
     if not bds:
@@ -596,9 +594,6 @@ def step_breakdown(result, model: str = "mlp"):
     title = model
     if fp32 is not None:
         title += f": matmuls are {fp32.matmul_share:.0%} of the fp32 step"
-        other = next((result.amdahl(model, b.precision) for b in bds if b.precision != "fp32"), None)
-        if other is not None and other.measured is not None:
-            title += f"; {other.precision} ran {other.measured:.2f}x fp32's speed without the profiler"
     ax.set_title(title, fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
