@@ -8,6 +8,7 @@ import torch
 
 from amp_lessons import clipping, errors
 from amp_lessons.exercises import check_two_model_loop, two_model_loop_as_given
+from amp_lessons.lint import check_loop
 from amp_lessons.show import expect_error
 
 SCHEDULER = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
@@ -719,3 +720,10 @@ def test_exercise_says_there_is_no_scaler_in_a_scaler_free_loop():
     assert "bug: no GradScaler was built in the loop: the exercise trains in float16" in text
     assert "kept it from the scaler" not in text and "scaler.update() ran" not in text
     assert "not seen yet: without a GradScaler no step is skipped" in text
+
+
+def test_schedulers_on_the_shared_scale_fall_behind_unseen_by_check_loop():
+    assert not check_loop(errors.schedule_two_optimizers_on_the_scale)
+    verdict = check_two_model_loop(errors.schedule_two_optimizers_on_the_scale)
+    assert not verdict.passed
+    assert "scheduler 2 missed steps its optimizer took" in str(verdict)
