@@ -79,31 +79,29 @@ from amp_lessons.show import expect_error
 #
 # The common loop steps the lr scheduler on every iteration, skipped step or not
 # (pytorch/pytorch#55585); lesson 03 showed that PyTorch checks the order only at the
-# scheduler's first `step()`. `scheduler_run` runs 4 batches with AdamW and a `StepLR`
-# halving the lr at every step, an inf in batch 0, then 2, then 0 with `fused=True`
-# (GradScaler calls a fused optimizer's `step` even on a skipped step; Sources).
-# **Predict** which runs warn:
+# scheduler's first `step()`, so a later skip goes unwarned. `scheduler_run` runs 4 batches
+# with AdamW and a `StepLR` halving the lr at every step, an inf in batch 0, with and without
+# `fused=True` (GradScaler calls a fused optimizer's `step` even on a skipped step; Sources).
+# **Predict** which run warns:
 
 # %%
 print(inspect.getsource(errors.train_stepping_scheduler_always))
-runs = {(skip_at, fused): errors.scheduler_run(errors.train_stepping_scheduler_always, skip_at, fused=fused)
-        for skip_at, fused in ((0, False), (2, False), (0, True))}
-for (skip_at, fused), run in runs.items():
-    print(f"skip at {skip_at}{', fused' * fused}:", run)
-print(textwrap.fill(runs[0, False].warnings[0], 90))
+runs = {fused: errors.scheduler_run(errors.train_stepping_scheduler_always, 0, fused=fused) for fused in (False, True)}
+for fused, run in runs.items():
+    print(f"skip at 0{', fused' * fused}:", run)
+print(textwrap.fill(runs[False].warnings[0], 90))
 
 # %% [markdown]
-# One warning, and the same harm in all three: the schedule a step ahead of the training.
-# With one optimizer, the fix steps the scheduler only when the scale did not drop, which
-# holds for a fused optimizer too (several optimizers: section 3). `get_scale()` copies the
-# scale to the CPU, and on CUDA that waits for the GPU (a sync; Sources), so the fix reads it
+# One warning, and the same harm in both: the schedule a step ahead of the training.
+# With one optimizer, the fix steps the scheduler only when the scale did not drop, fused
+# or not (several optimizers: section 3); it reads `get_scale()`, a sync on CUDA (Sources),
 # once per step:
 
 # %%
 fixed = errors.train_stepping_scheduler_after_real_steps
 print(errors.fix_diff(errors.train_stepping_scheduler_always, fixed))
-for skip_at, fused in ((0, False), (2, False), (0, True)):
-    print(f"skip at {skip_at}{', fused' * fused}:", errors.scheduler_run(fixed, skip_at, fused=fused))
+for fused in (False, True):
+    print(f"skip at 0{', fused' * fused}:", errors.scheduler_run(fixed, 0, fused=fused))
 
 # %% [markdown]
 # ## 2. "unscale_() has already been called on this optimizer since the last update()"
@@ -182,7 +180,7 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 # Model 2 stepped at its true gradient, yet the scale dropped: one optimizer's inf lowers
 # it for all, so the scale cannot say which optimizer stepped. Step each lr scheduler when
 # its own optimizer did: `opt.register_step_post_hook(fn)` calls `fn` after each step that
-# ran (not a `fused=True` optimizer's, which GradScaler calls at every step; Sources).
+# ran, and a `fused=True` one's skipped steps too: compare its step count (Sources).
 #
 # ## 4. "Attempting to unscale FP16 gradients."
 #
@@ -198,8 +196,8 @@ with expect_error(ValueError):
 # After `model.half()` the weights, and so their gradients, are float16. GradScaler's
 # `unscale_` (which `step` calls when you have not) refuses float16 gradients: it assumes
 # float32 master weights, as the recipe keeps them. Lesson 05 shows what `model.half()`
-# costs besides: updates smaller than half a float16 step vanish. The fix is the card's
-# recipe: float32 weights, autocast around the forward.
+# costs besides: updates smaller than half a float16 step vanish. The fix is the recipe of
+# lesson 00's card: float32 weights, autocast around the forward.
 
 # %%
 print(errors.fix_diff(errors.train_half_model, errors.train_recipe))
@@ -237,9 +235,9 @@ print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 
 # %% [markdown]
 # Other layers word the same mistake their own way (the index lists them, CUDA's by
-# source): a `Linear` without a bias, a convolution with one, and one without (a
-# convolution followed by BatchNorm, as in ResNets), here with oneDNN off, as on a CPU
-# where oneDNN does not take bfloat16 (Sources):
+# source). The cell runs three: a `Linear` without a bias; a convolution with one; one
+# without (before a BatchNorm, as in ResNets), with oneDNN off as on a CPU where oneDNN does
+# not take bfloat16 (Sources).
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -268,13 +266,12 @@ print(errors.overflow_report(*errors.attention(q, k, v, dtype=torch.float16)))
 # %% [markdown]
 # The matmul runs in float16 under autocast and overflows to inf before `attention`
 # divides the scores by sqrt(d) after it (`F.scaled_dot_product_attention`'s math path
-# scales q and k before its matmul instead; Sources). Softmax subtracts each row's largest
-# score before exponentiating, and inf minus inf is NaN; from there every value downstream
-# is NaN, the loss too. With a GradScaler, that batch's step is skipped and the
-# scale halved. The scale multiplies only the loss, after the forward, so halving it does
-# not undo an overflow in the forward: an inf on every batch skips every step and the scale
-# falls and falls (lesson 03's `Trainer` stops that). A long reduction outside autocast
-# overflows the same way:
+# scales q and k before its matmul instead; Sources). Softmax turns rows of inf into NaN
+# weights (the line above), and the loss is NaN too. With a GradScaler, that batch's step
+# is skipped and the scale halved. The scale multiplies only the loss, after the forward, so
+# halving it does not undo an overflow in the forward: an inf on every batch skips every
+# step and the scale falls and falls (lesson 03's `Trainer` stops that). A long reduction
+# outside autocast overflows the same way:
 
 # %%
 ones = torch.ones(70_000, dtype=torch.float16)
@@ -382,11 +379,10 @@ print(at_least("after 24 steps the cross entropy is at least 5x that of the run 
                wrong.final_loss / right.final_loss, 5, ".1f"))
 
 # %% [markdown]
-# Forgotten, the first steps overflow: `scaler.scale(loss)` multiplies the penalty's
-# gradient by S once more, so the backward's float16 matmuls multiply terms S·S times too
-# large, and while S is large their products overflow. Each skip halves S until the steps
-# go through; then training runs on a penalty S times too large, with no message and
-# a few skips that look like GradScaler finding its scale (lesson 03).
+# Forgotten, the gradients hold an inf at the first scales, so GradScaler skips those steps
+# and halves S each time until the steps go through; then training runs on a penalty S
+# times too large, with no message and a few skips that look like GradScaler finding its
+# scale (lesson 03).
 #
 # ## 10. "binary_cross_entropy ... unsafe to autocast"
 #
@@ -526,10 +522,11 @@ check_loop(source)
 
 # %% [markdown]
 # Lesson 04's three mistakes, and one note, line 12: lesson 04 measured the same gradients
-# inside and outside for its model on the CPU; the note says where they may differ. From a shell, `python -m amp_lessons lint train.py` (files, notebooks cell by
-# cell, directories) prints one line per finding and exits with 1 on a mistake (notes
-# alone: 0), 2 when a file cannot be read or parsed (named; the rest go on); `--format json`
-# serves an editor or CI, `.pre-commit-hooks.yaml` pre-commit:
+# inside and outside for its model on the CPU; the note says where they may differ.
+#
+# From a shell, `python -m amp_lessons lint train.py` (files, notebooks cell by cell,
+# directories) prints one line per finding. It exits with 1 on a mistake (notes alone: 0),
+# 2 when a file cannot be read or parsed; `--format json` serves an editor or CI:
 
 # %%
 import contextlib
@@ -548,13 +545,18 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # %% [markdown]
 # What it cannot see is what happens at run time: a dtype at the autocast edge (5, 12), an
 # overflow (6), a penalty built from scaled gradients (9), a device's autocast lists (10),
-# what it answers about bfloat16 (11, 12), an optimizer without gradients (12).
-#
+# what `is_bf16_supported()` answers (11, 12), an optimizer without gradients (12). Nor
+# section 1's fix applied to several optimizers: schedulers guarded by the shared scale (3):
+
+# %%
+check_loop(errors.schedule_two_optimizers_on_the_scale)
+
+# %% [markdown]
 # ## The index
 #
 # | message or symptom | cause | where |
 # |---|---|---|
-# | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway | section 1; lesson 03 |
+# | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway, or the scheduler steps before the optimizer | section 1; lesson 03 |
 # | (none) the schedule a step ahead of the training | a skipped step after the first (any skipped step, with a `fused=True` optimizer), and the scheduler stepped anyway | section 1; lesson 03 |
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | section 2; lesson 04 |
 # | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` between two optimizers' `scaler.step` | section 3 |
@@ -580,8 +582,8 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 # ## Remember
 #
 # - Step each lr scheduler only after its own optimizer stepped (one optimizer: the scale
-#   did not drop; several: ask each); the warning comes only when the *first* step is
-#   skipped, and never with a `fused=True` optimizer.
+#   did not drop; several: ask each). Stepped after it, the warning comes only when the
+#   *first* step is skipped, never with a `fused=True` optimizer.
 # - `unscale_` once per optimizer step, after the last backward; `scaler.step(opt)` for
 #   each optimizer, then `scaler.update()` once, after the last.
 # - Keep float32 weights with a GradScaler; let autocast do the casting, and keep a
@@ -590,8 +592,6 @@ with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
 #
 # ## Watch out
 #
-# - A scaler switched off by `GradScaler()` without CUDA prints one warning, easy to miss in
-#   a log: `python -m amp_lessons lint` names it from the source.
 # - A NaN loss in float16: look for the first inf (section 6's long sums) before blaming
 #   the learning rate.
 # - On CUDA, use `BCEWithLogitsLoss`; on a T4, ask `is_bf16_supported(including_emulation=False)`.
@@ -609,12 +609,11 @@ print(listing(inspect.getsource(two_model_loop_as_given)))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_loop(models, optimizers, schedulers, batches):`
-# and fix it. The checker runs your loop on two tiny networks for four batches, the first
-# and the third holding an inf, model 1's gradient alone overflowing at the fourth, as on a
-# machine without CUDA (the same on every machine); it counts each optimizer's and
-# scheduler's steps and the order of the scaler's calls, then reads your source with
-# `check_loop` (a note only, when the run finds no bug), and names the kind of each mistake
-# and the section that shows it. As given, it checks the loop above:
+# and fix it. The checker runs your loop without CUDA on two tiny networks for four batches
+# (an inf in the first and third, in model 1's gradient alone at the fourth), counts each
+# optimizer's and scheduler's steps and the order of the calls, then reads your source with
+# `check_loop` (a note only, when the run finds no bug). It names the kind of each mistake
+# and its section. As given, it checks the loop above:
 
 # %%
 my_loop = two_model_loop_as_given  # replace with your own: def my_loop(models, optimizers, schedulers, batches): ...

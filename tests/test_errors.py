@@ -8,6 +8,7 @@ import torch
 
 from amp_lessons import clipping, errors
 from amp_lessons.exercises import check_two_model_loop, two_model_loop_as_given
+from amp_lessons.lint import check_loop
 from amp_lessons.show import expect_error
 
 SCHEDULER = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
@@ -490,7 +491,53 @@ def test_exercise_lets_the_run_decide_over_check_loops_reading():
     text = str(verdict)
     assert verdict.passed, text
     assert "check_loop: a note (the run above shows the loop right) of the kind lesson 03 shows: " \
-           "scheduler-unguarded" in text
+           "scheduler-guard-unread (scheduler.step() may run after a step GradScaler skipped)" in text
+    assert "scheduler-unguarded" not in text
+
+
+def _two_model_loop_in_order(order):
+    """Every scheduler guarded by its optimizer's step count, the scheduler stepped and the
+    optimizers given to scaler.step in ``order`` ("step first", "scheduler first", "model 1 only")."""
+    def loop(models, optimizers, schedulers, batches):
+        scaler = torch.amp.GradScaler("cpu")
+        for x, y in batches:
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+            scaler.scale(loss).backward()
+            stepping = optimizers[:1] if order == "model 1 only" else optimizers
+            for opt, scheduler in zip(stepping, schedulers):
+                old = sum(float(s["step"]) for s in opt.state.values())
+                if order == "scheduler first":
+                    scheduler.step()
+                scaler.step(opt)
+                if order != "scheduler first" and sum(float(s["step"]) for s in opt.state.values()) > old:
+                    scheduler.step()
+            scaler.update()
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+    return loop
+
+
+def test_exercise_names_a_scheduler_stepped_before_its_optimizer():
+    verdict = check_two_model_loop(_two_model_loop_in_order("scheduler first"))
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: schedulers 1 and 2 stepped before their optimizers' scaler.step" in text
+    assert "GradScaler skipped (section 1)" not in text
+
+
+def test_exercise_names_an_optimizer_never_stepped():
+    verdict = check_two_model_loop(_two_model_loop_in_order("model 1 only"))
+    text = str(verdict)
+    assert not verdict.passed
+    assert "bug: optimizer 2 never went through scaler.step" in text
+    assert "GradScaler skipped" not in text and "later steps were skipped too" not in text
+
+
+def test_exercise_passes_the_same_loop_in_the_right_order():
+    verdict = check_two_model_loop(_two_model_loop_in_order("step first"))
+    assert verdict.passed, str(verdict)
+    assert "stepped before" not in str(verdict) and "never went through" not in str(verdict)
 
 
 def test_exercise_reports_a_crashing_loop():
@@ -673,3 +720,10 @@ def test_exercise_says_there_is_no_scaler_in_a_scaler_free_loop():
     assert "bug: no GradScaler was built in the loop: the exercise trains in float16" in text
     assert "kept it from the scaler" not in text and "scaler.update() ran" not in text
     assert "not seen yet: without a GradScaler no step is skipped" in text
+
+
+def test_schedulers_on_the_shared_scale_fall_behind_unseen_by_check_loop():
+    assert not check_loop(errors.schedule_two_optimizers_on_the_scale)
+    verdict = check_two_model_loop(errors.schedule_two_optimizers_on_the_scale)
+    assert not verdict.passed
+    assert "scheduler 2 missed steps its optimizer took" in str(verdict)

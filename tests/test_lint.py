@@ -386,6 +386,31 @@ for batch in loader:
         scheduler.step()
 """
 
+GUARD_THROUGH_A_HELPER = """
+def count(o):
+    return max((int(s["step"]) for s in o.state.values()), default=0)
+
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    before = [count(o) for o in optimizers]
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    for opt, sched, b in zip(optimizers, schedulers, before):
+        if count(opt) > b:
+            sched.step()
+"""
+
+GUARD_ON_FOUND_INF = """
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    for opt, sched in zip(optimizers, schedulers):
+        scaler.step(opt)
+        if not any(v.item() for v in scaler._found_inf_per_device(opt).values()):
+            sched.step()
+    scaler.update()
+"""
+
 HALF_MODEL = """
 model = Net().cuda().half()
 opt = torch.optim.Adam(model.parameters())
@@ -412,6 +437,7 @@ BROKEN = {  # name: (loop, the one finding it must have)
     "errors: update per optimizer": (lambda: errors.step_two_optimizers_updating_each, "update-per-optimizer"),
     "update between two scaler.step calls written out": (lambda: UPDATE_BETWEEN_STEPS, "update-per-optimizer"),
     "a scheduler guarded by a batch's 'step' field": (lambda: BATCH_STEP_FIELD, "scheduler-unguarded"),
+    "a step-count guard through a helper: 'may'": (lambda: GUARD_THROUGH_A_HELPER, "scheduler-guard-unread"),
     "clipping: loss not divided": (lambda: clipping.accumulate_without_dividing, "accumulation-undivided"),
     "accumulation with %, not divided": (lambda: MODULO_UNDIVIDED, "accumulation-undivided"),
     "clipping: step every micro-batch": (lambda: clipping.accumulate_stepping_every_micro_batch,
@@ -426,6 +452,18 @@ def test_each_broken_loop_has_exactly_its_finding(name):
     assert findings.codes == [code], str(findings)
     f = findings[0]
     assert f.lesson == CHECKS[code] and f.message and f.line > 0
+
+
+def test_a_guard_the_checker_cannot_read_is_a_note_and_a_bare_step_stays_a_mistake():
+    unread = check_loop(GUARD_THROUGH_A_HELPER)
+    assert [f.kind for f in unread] == ["note"] and "may" in unread[0].message
+    bare = GUARD_THROUGH_A_HELPER.replace("        if count(opt) > b:\n            sched.step()",
+                                          "        sched.step()")
+    assert bare != GUARD_THROUGH_A_HELPER
+    assert [(f.code, f.kind) for f in check_loop(bare)] == [("scheduler-unguarded", "mistake")]
+    config = GUARD_THROUGH_A_HELPER.replace("if count(opt) > b:", "if args.warmup(b):")
+    assert check_loop(config).codes == ["scheduler-unguarded"]  # a call that takes no optimizer
+    assert not check_loop(GUARD_ON_FOUND_INF)  # a call the checker reads: a guard, no "may"
 
 
 def test_every_check_has_a_broken_loop():

@@ -213,6 +213,27 @@ def step_two_optimizers(models, opts, scaler, x, y):
     scaler.update()
 
 
+def schedule_two_optimizers_on_the_scale(models, optimizers, schedulers, batches):
+    """Mistake (row 3, unseen by :func:`amp_lessons.lint.check_loop`): row 1's fix applied to
+    two optimizers on one scaler. The scale drops when either overflows, so both schedulers
+    stay put while the other optimizer stepped. Lesson 06, the loop checker."""
+    scaler = torch.amp.GradScaler("cpu")
+    scale = scaler.get_scale()
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(F.cross_entropy(model(x), y) for model in models)
+        scaler.scale(loss).backward()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+        new_scale = scaler.get_scale()
+        for opt, scheduler in zip(optimizers, schedulers):
+            if new_scale >= scale:
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+        scale = new_scale
+
+
 def two_optimizer_run(step, steps: int = 3, init_scale: float = 2.0**10, growth_interval: int = 1,
                       overflow: tuple = ()) -> list:
     """Run ``step`` ``steps`` times on two tiny models with SGD and one

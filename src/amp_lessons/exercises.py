@@ -988,6 +988,58 @@ def _overflow_in_model_1(model, batches, at: int) -> None:
     next(model.parameters()).register_hook(hook)
 
 
+@contextlib.contextmanager
+def _record_step_order(optimizers, schedulers):
+    """06's exercise: the order of every ``scheduler.step()`` and ``GradScaler.step(optimizer)``
+    call, as ``("sched", i)`` and ``("step", i)`` with ``i`` the model's index. The class's
+    ``step`` is wrapped before the loop builds its scaler, and restored on exit."""
+    order, cls = [], torch.amp.grad_scaler.GradScaler
+    real_step, index = cls.step, {id(o): i for i, o in enumerate(optimizers)}
+
+    def step(self, optimizer, *args, **kwargs):
+        order.append(("step", index.get(id(optimizer))))
+        return real_step(self, optimizer, *args, **kwargs)
+
+    def sched_step(i, real):
+        def wrapper(*args, **kwargs):
+            order.append(("sched", i))
+            return real(*args, **kwargs)
+        return wrapper
+
+    cls.step = step
+    for i, s in enumerate(schedulers):
+        s.step = sched_step(i, s.step)
+    try:
+        yield order
+    finally:
+        cls.step = real_step
+        for s in schedulers:
+            del s.step
+
+
+def _two_model_order_findings(bug, order, n: int) -> bool:
+    """06's exercise: one of the ``n`` optimizers never given to ``scaler.step``, or a scheduler
+    stepped before its optimizer's ``scaler.step``, as a bug. True when one was found."""
+    models = range(n)
+    never = [i + 1 for i in models if ("step", i) not in order]
+    if never:
+        bug(f"{'optimizers' if len(never) > 1 else 'optimizer'} {' and '.join(map(str, never))} never went "
+            "through scaler.step, so that model never trained: scaler.step(opt) for each optimizer (section 3)")
+        return True
+    early = [i + 1 for i in models
+             if any(order[:k].count(("sched", i)) >= order[:k].count(("step", i))
+                    for k, call in enumerate(order) if call == ("sched", i))]
+    if early:
+        many = len(early) > 1
+        whose = "their optimizers'" if many else "its optimizer's"
+        bug(f"{'schedulers' if many else 'scheduler'} {' and '.join(map(str, early))} stepped before "
+            f"{whose} scaler.step, the order PyTorch's 'Detected call "
+            "of `lr_scheduler.step()` before `optimizer.step()`' names: step a scheduler after scaler.step, "
+            "and only when that step ran (section 1)")
+        return True
+    return False
+
+
 def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad, one_model):
     """06's exercise: what the schedulers and optimizers did, as findings. ``bad``: the batches
     whose input holds an inf; ``one_model``: the batch at which only model 1 overflows; ``fed``
@@ -1106,7 +1158,8 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
     schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
     bad, one_model, error = (0, 2), 3, None  # two skips of both, so a guard that only knows the first is caught
-    with without_cuda(), _record_every_scaler() as log, warnings.catch_warnings(record=True) as caught:
+    with without_cuda(), _record_every_scaler() as log, _record_step_order(optimizers, schedulers) as order, \
+            warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = _MarkedBatches(tiny_batches(steps, bad=bad), log)
         _overflow_in_model_1(models[0], batches, at=one_model)
@@ -1127,7 +1180,8 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
     taken = [optimizer_steps(o) for o in optimizers]
     stepped = [s.last_epoch for s in schedulers]
     warned = any(SCHEDULER_WARNING in str(w.message) for w in caught)
-    _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad, one_model)
+    if fed is None or not _two_model_order_findings(bug, order, len(optimizers)):
+        _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, steps, bad, one_model)
     if scaler_ok and not finite:
         bug("the weights now hold inf/NaN: a batch with an inf reached the optimizers")
     others = sorted({str(w.message) for w in caught if SCHEDULER_WARNING not in str(w.message)})
@@ -1143,7 +1197,8 @@ def check_two_model_loop(loop, steps: int = 4) -> Verdict:
             if f.kind == "mistake" and not ran_right:
                 passed = False
             kind = f.kind if not ran_right else "note (the run above shows the loop right)"
-            findings.append(f"check_loop: a {kind} of the kind lesson {f.lesson[:2]} shows: {f.code}")
+            findings.append(f"check_loop: a {kind} of the kind lesson {f.lesson[:2]} shows: {f.code}"
+                            + (f" ({f.message.split(':')[0]})" if f.kind == "note" else ""))
         if not static:
             findings.append("check_loop finds nothing in your function")
     return Verdict(passed, findings)

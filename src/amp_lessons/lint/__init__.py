@@ -23,6 +23,7 @@ unscale-twice           ``unscale_`` twice for one optimizer before ``update()``
 missing-update          ``scaler.step`` with no ``update()``, or a path that skips it       03
 step-after-scaler-step  ``optimizer.step()`` again after ``scaler.step(optimizer)``         03
 scheduler-unguarded     ``scheduler.step()`` also after a skipped step                      03
+scheduler-guard-unread  ``scheduler.step()`` under a test that calls out ("may", a note)    03
 half-with-scaler        ``model.half()`` with a GradScaler                                  05
 fp16-without-scaler     float16 autocast and backward, no GradScaler in the file ("may")   03
 backward-in-autocast    ``backward()`` inside the autocast block (a note)                   02

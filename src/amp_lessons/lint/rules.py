@@ -395,7 +395,7 @@ def scheduler_unguarded(ctx: Context):
             state = flow.at.get(id(e))
             if state is None or not state.stepped or id(_iteration_loop(e, loops)) not in step_loops:
                 continue
-            if _guarded(unit, e, hooked):
+            if _guarded(unit, e, hooked) or _asks_a_call(unit, e):
                 continue
             yield e.line, (f"{receiver or 'scheduler'}.step() runs even when GradScaler skipped the optimizer "
                            "step, and the schedule moves on a step ahead of the training; PyTorch warns "
@@ -405,6 +405,41 @@ def scheduler_unguarded(ctx: Context):
                            "drop; with several on one scaler, when its own optimizer stepped "
                            "(optimizer.register_step_post_hook, which a fused=True optimizer's skipped "
                            "steps fire too: compare its step count instead)")
+
+
+def scheduler_guard_unread(ctx: Context):
+    """``scheduler.step()`` under an ``if`` whose test calls a function on an optimizer the
+    iteration stepped (``if count(opt) > before:``): the call may read whether the step ran,
+    and the checker cannot follow it, so it says "may"."""
+    for unit in ctx.units:
+        if not unit.of("scaler_step"):
+            continue
+        hooked = ctx.step_hook_names
+        for e in unit.of("sched_step"):
+            if e.node.args or e.node.keywords or dotted(e.node.func.value) in ctx.roles.metric_schedulers:
+                continue
+            if _asks_a_call(unit, e) and not _guarded(unit, e, hooked):
+                receiver = dotted(e.node.func.value) or "scheduler"
+                yield e.line, (f"{receiver}.step() may run after a step GradScaler skipped: its if-test "
+                               "calls a function on the optimizer that this checker cannot read as a guard. "
+                               "Make sure the call answers whether that optimizer's step ran (its step "
+                               "count, say), not whether the scaler exists")
+
+
+def _asks_a_call(unit: Unit, e) -> bool:
+    """Is ``e`` inside an ``if`` whose test (or a name it reads, assigned in this function)
+    calls a function with an optimizer that ``scaler.step`` took as an argument?"""
+    stepped = {key(s.arg) for s in unit.of("scaler_step") if s.arg is not None}
+
+    def asks(test, depth=0):
+        for n in ast.walk(test):
+            if isinstance(n, ast.Call) and any(key(a) in stepped for a in n.args):
+                return True
+            if depth < 3 and isinstance(n, ast.Name) and n.id in unit.assigned \
+                    and any(asks(v, depth + 1) for v in unit.assigned[n.id]):
+                return True
+        return False
+    return any(asks(node.test) for node, _ in e.arms_within(None))
 
 
 def _iteration_loops(unit: Unit) -> set[int]:
@@ -689,6 +724,11 @@ RULES: tuple[Rule, ...] = (
          "scaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()\nscheduler.step()\n",
          "scaler.scale(loss).backward()\nscale = scaler.get_scale()\nscaler.step(opt)\nscaler.update()\n"
          "if scaler.get_scale() >= scale:\n    scheduler.step()\n", scheduler_unguarded),
+    Rule("scheduler-guard-unread", "03_grad_scaler", "scheduler.step() under a test the checker cannot read (\"may\")",
+         "scaler.scale(loss).backward()\nbefore = count(opt)\nscaler.step(opt)\nscaler.update()\n"
+         "if count(opt) > before:\n    scheduler.step()\n",
+         "scaler.scale(loss).backward()\nbefore = opt.state[p][\"step\"]\nscaler.step(opt)\nscaler.update()\n"
+         "if opt.state[p][\"step\"] > before:\n    scheduler.step()\n", scheduler_guard_unread, "note"),
     Rule("half-with-scaler", "05_putting_it_together", "model.half() with a GradScaler",
          "model = Net().half()\nscaler = torch.amp.GradScaler('cuda')\n",
          "model = Net()\nscaler = torch.amp.GradScaler('cuda')\n", half_with_scaler),
