@@ -114,7 +114,7 @@ print(flush_report(fp32, fp16, "fp16"))
 # over the batch of its input times the gradient flowing back, so it is exactly zero when no
 # example has both nonzero: among others, the weights that read a pixel blank in the whole
 # batch (lesson 01 counted them), and those of a unit whose ReLU was off for every example.
-# Everything fp16 adds to that is lost to its range (a scaler will show it). Why? Compare the
+# Nearly all that fp16 adds to that is lost to its range (a scaler will show it). Why? Compare the
 # sizes. (Lesson 01 showed the edge: a value at or below 2^-25, half of fp16's
 # smallest subnormal, rounds to 0; one between 2^-25 and 2^-24 rounds up to 2^-24.)
 
@@ -125,7 +125,7 @@ nonzero = fp32[fp32 != 0].abs()
 print(f"median |gradient| in fp32:     {measured(nonzero.median().item(), '.2e')}")
 print(f"fp16 smallest normal:          {torch.finfo(torch.float16).tiny:.2e}")
 print(f"fp16 smallest subnormal 2^-24: {2.0**-24:.2e}")
-print(f"fp32 gradients at or below 2^-25 (fp16 rounds them to 0): "
+print(f"fp32's nonzero gradients at or below 2^-25 (fp16 rounds them to 0): "
       f"{measured((nonzero <= 2.0**-25).float().mean().item(), '.1%')}")
 
 # %% [markdown]
@@ -153,8 +153,9 @@ print(flush_report(fp32, first_step_gradients("fp16", scaler=True, device=device
 # %% [markdown]
 # ## Does it matter for training?
 #
-# The same 100 steps in four ways. A weight whose gradient stays exactly zero learns
-# nothing: Adam can rescale a tiny gradient, but not a missing one. **Predict** which run falls behind.
+# The same 100 steps in four ways. A weight whose gradient stays exactly zero gets
+# nothing from its gradient (AdamW's weight decay still shrinks it): Adam can rescale a tiny
+# gradient, but not a missing one. **Predict** which run falls behind.
 
 # %%
 from amp_lessons.scaling import lesson_trainer
@@ -292,9 +293,10 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 # exception: GradScaler calls its `step()` every time and the optimizer skips the update
 # itself (`_step_supports_amp_scaling`, same file; fused Adam takes `found_inf` back off its
 # step count, `_fused_adam` in `torch/optim/adam.py`). Three signs, all readable in your own
-# loop, hold either way: the scale after `update()` is lower than before it (with one
-# optimizer per scaler; with several, a lower scale does not say which one skipped); the optimizer's own
-# step count (Adam's `state[p]["step"]`) did not move; the weights did not change.
+# loop (the cell below shows them for a plain AdamW): the scale after `update()` is lower
+# than before it (with one optimizer per scaler; with several, a lower scale does not say
+# which one skipped); the optimizer's own step count (Adam's `state[p]["step"]`) did not
+# move; the weights did not change.
 
 # %%
 from amp_lessons.training import History

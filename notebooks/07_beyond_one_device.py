@@ -91,7 +91,7 @@ print(D.describe_ranks(ddp))
 print("the ranks were started as:", ddp.command)
 
 # %% [markdown]
-# ## DDP + autocast: what goes over the wire
+# ## DDP + autocast: what DDP all-reduces
 #
 # During `backward()`, DDP averages the gradients over the ranks with an all-reduce. It
 # packs them into *buckets* and passes each bucket to a *comm hook*. The course's spy is
@@ -239,7 +239,7 @@ check("(bf16, None) reduce-scattered in the dtype this torch release's default n
 
 # %% [markdown]
 # **Predict:** how many bytes does a bf16 all-gather send, next to a float32 one? And a
-# float32 reduce-scatter, next to a bf16 one? Here is what rank 0 sent in one step:
+# float32 reduce-scatter, next to a bf16 one? Here is what rank 0 handed to them in one step:
 
 # %%
 print(D.comm_bytes(fsdp, POLICIES))
@@ -326,9 +326,10 @@ at_most("a float32 all-reduce is off by less than 1e-6", err["fp32"], 1e-6)
 at_least("a bf16 all-reduce is off by at least 4x an fp16 one", err["bf16"] / err["fp16"], 4, ".1f")
 
 # %% [markdown]
-# Two ranks add each gradient only once. A ring all-reduce over W ranks adds hop by hop and
-# rounds at every hop, so the error grows with W. `ring_errors` simulates that order of
-# additions in this process: no ranks are started, and the world sizes are simulated.
+# Two ranks add each gradient only once. A ring all-reduce over W ranks adds hop by hop;
+# if each hop's sum is rounded to the reduce dtype (this simulation's assumption; NCCL may
+# also pick a tree), the error grows with W. `ring_errors` simulates that order of additions
+# in this process: no ranks are started, and the world sizes are simulated.
 #
 # **Predict:** does bf16's error at 64 ranks stay near its error at 2?
 
@@ -392,7 +393,8 @@ for name in scalers.names:
     print(f"{name:<22} steps skipped, by rank: {D.skipped_steps(scalers, name)}")
 
 # %% [markdown]
-# Every rank skipped step 2, and each halved its scale, though only rank 1 saw the inf.
+# Every rank skipped step 2, and each halved its scale, though in the FSDP2 runs only rank
+# 1 saw the inf.
 # `ShardedGradScaler` all-reduces its "found inf" flag over the ranks in `unscale_`
 # (`torch/distributed/fsdp/sharded_grad_scaler.py`). `torch.amp.GradScaler` reaches the same
 # decision under FSDP2 without being told:
@@ -511,8 +513,9 @@ with expect_error(D.RankFailedError):
 #   given.
 # - Reduce in float32, `reduce_dtype=torch.float32`, the same on every release. A 16-bit
 #   reduce rounds every gradient: bf16 loses small ones beside large ones, fp16 flushes tiny
-#   ones to zero and overflows from 65520 on unless divided first (FSDP2 divides its fp16
-#   reduce-scatters), and the error grows with the number of ranks.
+#   ones to zero, and its sum overflows from 65520 on unless divided first (FSDP2 divides
+#   its fp16 reduce-scatters, after the cast: a gradient of 65520 or more is inf already),
+#   and the error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
 #   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
 #   `ShardedGradScaler` does (the run above).

@@ -393,8 +393,9 @@ def run_reduce(ctx: Context, job: dict) -> dict:
     """The sums a reduction in a 16-bit dtype gets wrong, all-reduced for real."""
     dev, r, w = ctx.device, ctx.rank, ctx.world_size
 
-    def all_reduce(value, dtype):
+    def all_reduce(value, dtype, divide=1):
         t = torch.as_tensor(value, dtype=torch.float32, device=dev).to(dtype).reshape(-1).clone()
+        t.div_(divide)  # after the cast, as FSDP2's foreach_reduce divides its reduce_dtype buffer
         dist.all_reduce(t)
         return t
 
@@ -403,7 +404,7 @@ def run_reduce(ctx: Context, job: dict) -> dict:
     for name, dtype in DTYPES.items():
         out["swamp"][name] = float(all_reduce(big_small, dtype).item())
         out["overflow"][name] = float(all_reduce(job.get("large", 40000.0), dtype).item())
-        out["overflow"][name + " /world"] = float(all_reduce(job.get("large", 40000.0) / w, dtype).item())
+        out["overflow"][name + " /world"] = float(all_reduce(job.get("large", 40000.0), dtype, divide=w).item())
     g = torch.Generator().manual_seed(1000 + r)
     grads = torch.randn(job.get("n", 100_000), generator=g) * 1e-3
     exact = grads.double().to(dev).clone()

@@ -793,7 +793,7 @@ def pitfalls(record: dict, world_size: int) -> str:
         f"  float16 and float32 give more than 1.0: {sw['fp16'] > 1.0 and sw['fp32'] > 1.0}",
         f"40000 on each of {world_size} ranks, all-reduced (sum): float32 {ov['fp32']:g}, "
         f"bfloat16 {ov['bf16']:g}, float16 {ov['fp16']:g}",
-        f"  40000 / {world_size} on each rank, then summed (FSDP2's fp16 pre-divide): float16 {ov['fp16 /world']:g}"])
+        f"  40000 cast, / {world_size} on each rank, then summed (FSDP2's fp16 pre-divide): float16 {ov['fp16 /world']:g}"])
 
 
 # --- a ring's order of additions, in one process --------------------------------------------

@@ -293,9 +293,10 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
             bad(f"steps {needless} were skipped although their batches were clean")
         if any(not unchanged[i] for i in truly):
             bad("a skipped step still changed the weights")
-    if any(not isinstance(a, (bool, torch.Tensor)) for a in returned):
-        bad(f"step returned {[type(a).__name__ for a in returned][:3]}...; return a bool: "
-            "True when the step was skipped")
+    if any(not isinstance(a, (bool, torch.Tensor)) or (isinstance(a, torch.Tensor) and a.numel() != 1)
+           for a in returned):
+        bad(f"step returned {[type(a).__name__ for a in returned][:3]}...; return one bool (or a "
+            "one-element tensor): True when the step was skipped")
     else:
         said = [i for i, a in enumerate(returned) if bool(a)]
         if said == truly:
@@ -557,9 +558,8 @@ def _autocast_answer_finding(log, answer) -> tuple[bool, str]:
     caveat = ("Autocast is still on during a backward called inside it, and acts on backward "
               "ops as on any op: a region the forward ran under autocast(enabled=False), or a "
               "custom autograd Function without custom_bwd (lesson 02), gets 16-bit matmuls "
-              "in its backward; and on CUDA, whose autocast keeps sum (the bias gradients' op) in float32, "
-              "the bits may differ there too (not measured here). That is why the card and PyTorch's docs "
-              "put backward outside")
+              "in its backward (on a GPU this checker's measurement was not made). That is why the card and "
+              "PyTorch's docs put backward outside")
     if answer and same:
         return False, (f"not a bug in this loop ({evidence}): its model has no such region. "
                        f"{caveat}. Your loop runs it {where}")

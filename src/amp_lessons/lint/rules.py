@@ -547,9 +547,8 @@ def backward_in_autocast(ctx: Context):
     for _, e in ctx.events("backward"):
         if e.autocast:
             yield e.line, ("backward() inside the autocast block: autocast acts on the backward's ops "
-                           "too. On the CPU the gradients come out the same for ops autocast cast in the "
-                           "forward; on CUDA, whose autocast keeps sum (the bias gradients' op) in "
-                           "float32, their bits may differ; and a region the forward ran under "
+                           "too. On the CPU the gradients came out the same for ops autocast cast in the "
+                           "forward (lesson 04 measured it; not measured on a GPU); a region the forward ran under "
                            "autocast(enabled=False), or a custom autograd Function without "
                            "custom_fwd/custom_bwd, may get 16-bit matmuls in its backward. The recipe "
                            "runs backward after the with-block: move it out")
