@@ -134,7 +134,7 @@ print(mlp_trace.table())
 # `autograd`, a backward pass. Before each `addmm`, autocast cast the float32 weight and bias
 # to 16-bit, and for the first layer the input too (the shape tells which). The last column
 # marks float32 results: `<- autocast fp32` (autocast cast an input up, or asked for
-# float32) or `<- already fp32` (the inputs were float32). On a CPU `cross_entropy` is on
+# float32) or `<- already fp32` (autocast cast none of its inputs). On a CPU `cross_entropy` is on
 # the float32 list: the `(loss)` cast.
 #
 # ## A transformer block: attention, softmax, layer_norm, GELU
@@ -252,7 +252,8 @@ for d in (torch.bfloat16, torch.float16):
 from amp_lessons.plots import op_dtypes
 
 cuda_block = trace_example("TransformerBlock", dtype, "cuda", simulate=True)
-op_dtypes([block_trace, cuda_block])
+cpu_block = block_trace if device.type == "cpu" else trace_example("TransformerBlock", dtype, "cpu")
+op_dtypes([cpu_block, cuda_block])  # a CPU panel on every machine: the contrast is CPU against CUDA
 
 # %% [markdown]
 # On CUDA the attention's `_softmax` is orange: it computes its weights in float32 there,
@@ -521,8 +522,9 @@ autocast_explorer(device, precision=dtype)
 # - `torch.autocast(device, dtype)` wraps the forward pass and the loss. Inside it, matmuls
 #   and convolutions ran in 16-bit; the losses came out float32 (the traces above).
 # - Autocast never converts the model: it casts a float32 weight to 16-bit for the ops on
-#   its lower-precision list (once per region for a parameter, its cast cache; the
-#   `_to_copy` rows); the `LayerNorm` weights went in as float32. Parameters and their `.grad` stayed float32.
+#   its lower-precision list (the `_to_copy` rows; once per region for a float32 leaf that
+#   requires grad, its cast cache, and a frozen weight at every use); the `LayerNorm`
+#   weights went in as float32. Parameters and their `.grad` stayed float32.
 # - Each device type has its own lists (trace on the device you train on). Ops on no list
 #   run in the dtype their inputs give them (the residual `add` came out float32 by type
 #   promotion, not because of autocast).

@@ -30,7 +30,7 @@
 # per row, and the 1x128 and 128x128 scales through cuBLAS (the table at the end). Here
 # every scheme is emulated: e2m1 and e8m0 as integer codes, e4m3 by torch's own
 # `float8_e4m3fn` cast, the arithmetic in float32, so every number below is real on any
-# device, and the exact ones are the same everywhere. You will see e2m1 and e8m0 bit by
+# device, and the exact ones are the same on every device. You will see e2m1 and e8m0 bit by
 # bit, your network's tensors and an outlier feature under seven schemes, the block-scaled
 # matmul, delayed against current scaling, and MXFP8 and NVFP4 layers trained against bf16
 # (fp16 on a GPU without bf16), with and without stochastic rounding.
@@ -322,8 +322,9 @@ print(check("without its tensor scale NVFP4 flushes over 90% of the gradients", 
 # features appear systematically: in every layer and in about 75% of the sequence
 # positions. Here a 64 x 256 activation of exact values
 # (`±(1 + k/8) * 2^e`, e from -8 to 0, drawn from integers, so the counts below are the same
-# everywhere) whose feature 5 is `2^12` times larger. **Predict:** per-row scales rescued
-# lesson 08's outlier *row*; do they rescue an outlier *column*? The counts are of the
+# on every device) whose feature 5 is `2^12` times each row's own value, so its size varies
+# from row to row. **Predict:** per-row scales rescued lesson 08's outlier *row*; do they
+# rescue an outlier *column* like this one? The counts are of the
 # other 16,320 values:
 
 # %%
@@ -467,7 +468,7 @@ print(check("a margin of 5 saturates nothing, and pays with flushed values on ev
 # three matmuls along the dimension that matmul sums over (MXFP8: 1x32 e4m3 with e8m0
 # scales by rceil, as torchao's and Transformer Engine's MXFP8 recipes pick them, gradients
 # included: with a scale per 32 values e4m3's range is enough, where lesson 08's per-tensor
-# recipe needed e5m2; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale),
+# recipe used e5m2; NVFP4: 1x16 e2m1 with e4m3 scales and a tensor scale),
 # dequantizes, and multiplies in float32: the numbers, not the speed. The 10-class head stays float32. For NVFP4, the
 # output gradient is rounded to nearest, or stochastically. A smaller MLP than above, two
 # hidden layers of 64 (a multiple of both block sizes), so that four runs stay quick; the

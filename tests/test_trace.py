@@ -868,7 +868,7 @@ def test_op_dtypes_figure_names_every_op_readably_and_counts_them():
     assert all(len(line) <= 100 for line in head.splitlines())
     assert all(not w.endswith("-") for w in head.split())  # wrapped between words
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "autocast put it in float32" in legend and "float32 already (its inputs were)" in legend
+    assert "autocast put it in float32" in legend and "float32 already (no input cast)" in legend
     assert fig.get_size_inches()[0] <= 9.6  # ~960 px: shown at its own size in JupyterLab, not shrunk
 
 

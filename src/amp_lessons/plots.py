@@ -158,7 +158,7 @@ def op_dtypes(traces: dict, columns: int = 5):
     (labelled with their model's name); devices may be mixed: each panel says where it
     ran, "(simulated)" included. The ops read like text, left to right, then down,
     ``columns`` to a line, each named in a 9 pt label. Blue: ran 16-bit; orange: autocast
-    put it in float32; sand: float32 already (its inputs were); grey: a cast autocast
+    put it in float32; sand: float32 already (autocast cast none of its inputs); grey: a cast autocast
     inserted; white: anything else (int, float64). Views are left out.
     """
     import textwrap
@@ -168,7 +168,7 @@ def op_dtypes(traces: dict, columns: int = 5):
     colors = {"low": "#4c78a8", "to_fp32": "#f58518", "already": "#f3dfb8", "cast": "#bab0ac",
               "other": "#ffffff"}
     labels = {"low": "ran 16-bit", "to_fp32": "autocast put it in float32",
-              "already": "float32 already (its inputs were)", "cast": "cast (_to_copy)",
+              "already": "float32 already (no input cast)", "cast": "cast (_to_copy)",
               "other": "other (int, float64)"}
 
     def key(r):
