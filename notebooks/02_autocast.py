@@ -252,7 +252,7 @@ for d in (torch.bfloat16, torch.float16):
 from amp_lessons.plots import op_dtypes
 
 cuda_block = trace_example("TransformerBlock", dtype, "cuda", simulate=True)
-cpu_block = block_trace if device.type == "cpu" else trace_example("TransformerBlock", dtype, "cpu")
+cpu_block = block_trace if torch.device(device).type == "cpu" else trace_example("TransformerBlock", dtype, "cpu")
 op_dtypes([cpu_block, cuda_block])  # a CPU panel on every machine: the contrast is CPU against CUDA
 
 # %% [markdown]
