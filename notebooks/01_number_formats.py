@@ -65,7 +65,8 @@ device = amp_lessons.pick_device()
 print(f"training on {device.type}:", amp_lessons.hardware_report(measure=True).recommended, "is recommended here")
 
 # %% [markdown]
-# That is the precision lesson 00 recommends for training here. This lesson trains in
+# That is the precision lesson 00's rule recommends for training here (on a CPU it decides
+# by a bf16 matmul rate measured each time). This lesson trains in
 # float32 whatever it says: it records gradients at full range, to see where each 16-bit
 # format would put them.
 
@@ -303,8 +304,8 @@ print(check("the logits' gradient holds most of the activation values float16 fl
 # rounds up to 2^-24, to the smallest normal 2^-14), purple overflows.
 # Above them, each format's subnormal (light) and normal (dark) band, as the key on the
 # right says. The exact zeros have no `log2`: the bars and the title's share leave them
-# out. It is the figure NVIDIA's *Mixed Precision Training* paper (Micikevicius et al.,
-# 2018) made famous, drawn from your own run.
+# out. It is a figure like the one NVIDIA's *Mixed Precision Training* paper (Micikevicius
+# et al., 2018) made famous (there, an SSD's activation gradients), drawn from your own run.
 
 # %%
 from amp_lessons.plots import gradient_histogram

@@ -488,8 +488,8 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   halves the scale after it and doubles it after `growth_interval` clean steps.
 # - A skipped step leaves the weights and the optimizer's step count as they were: with one
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
-# - bf16 has float32's range: this network's gradients lose none to it (this run's count:
-#   one value made 0 by rounding), and need no scaler. A cast to bf16 too rounds to 0 at or
+# - bf16 has float32's range: this network's gradients lose none to it (the few values it
+#   makes 0, counted above, lie far inside its range), and need no scaler. A cast to bf16 too rounds to 0 at or
 #   below half its smallest subnormal (that subnormal is 9.2e-41, printed above).
 #
 # ## Watch out

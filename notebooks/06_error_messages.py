@@ -195,7 +195,8 @@ with expect_error(ValueError):
 # %% [markdown]
 # After `model.half()` the weights, and so their gradients, are float16. GradScaler's
 # `unscale_` (which `step` calls when you have not) refuses float16 gradients: it assumes
-# float32 master weights, as the recipe keeps them. Lesson 05 shows what `model.half()`
+# float32 master weights, as the recipe keeps them. (A `fused=True` optimizer never reaches
+# `unscale_`: with it, `model.half()` trains on in float16 without this error.) Lesson 05 shows what `model.half()`
 # costs besides: updates smaller than half a float16 step vanish. The fix is the recipe of
 # lesson 00's card: float32 weights, autocast around the forward.
 
@@ -496,7 +497,8 @@ with expect_error(RuntimeError):
 # ## The loop checker
 #
 # `check_loop` reads a loop's source with Python's parser (`ast`), never running it, and
-# follows the calls in order: on which scaler, optimizer and scheduler, inside which loop,
+# follows the calls in order: on which optimizer and scheduler (one scaler is assumed),
+# inside which loop,
 # `with` block and arm of an `if`. Each mistake it names is one rule, with its lesson:
 
 # %%

@@ -21,7 +21,8 @@
 # and **e5m2**. Their range is short: cast as they are, e4m3 flushes most of this network's
 # gradients to zero, e5m2 fewer (below; how many depends on the batch and the loss).
 # So recipes multiply every tensor by a *scale* first, chosen so that its largest value
-# lands on the format's largest value (or, in power-of-two recipes, just under it). That is lesson 03's loss scale again, with two
+# lands on the format's largest value (or, in power-of-two recipes, within a factor of 2
+# below it). That is lesson 03's loss scale again, with two
 # differences: in the recipe this lesson builds, it is computed from the tensor itself
 # rather than searched for, and every tensor (or every row) gets its own.
 #
@@ -583,7 +584,7 @@ check_row_scale(my_row_scale)
 # - The `fn` suffix: ml_dtypes' README (`float8_e4m3fn`), after LLVM's `APFloat.h`
 #   (`Float8E4M3FN`).
 # - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value`, `torch/headeronly/util/Float8_e4m3fn.h`:
-#   NaN in torch 2.11, 448 in 2.13 (pull request 178817). CUDA 13 builds' `cuda/Copy.cu`
+#   NaN in torch 2.11, 448 in 2.13 (pull request 178817). CUDA 13.2+ builds' `cuda/Copy.cu`
 #   (pull request 177870) saturate a float32 source (`__NV_SATFINITE`) before 2.13 too; fp16
 #   and bf16 sources keep torch's conversion. `torch.compile`'s rule is not probed here.
 # - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`. Layout: its
