@@ -204,7 +204,8 @@ print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 #
 # The CUDA columns below are a replay, by machinery checked against this device's real
 # traces (next cell). Autocast decides every cast from the op, its arguments' devices and
-# dtypes and the autocast dtype, never from the data. So with `simulate=True` the tracer
+# dtypes and the autocast dtype, never from the data (`is_eligible` and `cached_cast` in
+# `aten/src/ATen/autocast_mode.h`: device, dtype, leaf and grad flags). So with `simulate=True` the tracer
 # turns the tensors into `FakeTensor`s on `"cuda"` (shape, dtype and device, no data),
 # switches CUDA's autocast on, and records the ops dispatched.
 #
@@ -244,8 +245,8 @@ for d in (torch.bfloat16, torch.float16):
 # `dtype=float32`: the op then casts a bfloat16 input itself and reads a float16 one
 # directly (`softmax` in `aten/src/ATen/native/SoftMax.cpp`).
 #
-# The transformer block's forward + loss, on this device and replayed on CUDA, one panel
-# above the other: one cell per op in the order the ops ran, numbered within each panel
+# The transformer block's forward + loss, on a CPU (on every machine) and replayed on CUDA,
+# one panel above the other: one cell per op in the order the ops ran, numbered within each panel
 # (CUDA's extra casts shift its numbers). A grey cell is a cast:
 
 # %%
@@ -340,8 +341,9 @@ with expect_error(RuntimeError):
 
 # %% [markdown]
 # Disabling autocast does not cast anything back: `h` is still 16-bit, the weight is
-# float32, and the matmul refuses to mix them. Other ops do not refuse: a softmax over `h`
-# there, the very op the region was for, runs in 16-bit without a word. The region needs
+# float32, and the matmul refuses to mix them (convolutions and `bmm` refuse too).
+# Single-input ops do not: a softmax over `h` there, the very op the region was for, runs
+# in 16-bit without a word. The region needs
 # an explicit `.float()` on every tensor that comes in from the autocast region:
 
 # %%

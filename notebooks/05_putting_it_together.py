@@ -212,8 +212,9 @@ print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor
 # **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
 #
 # `doubled_batch` adds up, by kind, the bytes a step holds, at the batch and at twice it: a
-# sum, not a measured peak (the full gradients and all the saved activations are never live
-# at once; temporaries are left out).
+# sum, not a measured peak (with `zero_grad(set_to_none=True)` and no accumulation, the full
+# gradients and all the saved activations are never live at once; temporaries are left
+# out).
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -287,7 +288,7 @@ plots.matmul_rates(b)
 # vector units' AVX512-BF16 dot product and AVX512-FP16 arithmetic; the reasons above name
 # the ones this device has, and the matmul figure measures them.
 #
-# ## Why not 2-3x here? Where one step's time goes
+# ## Where one step's time goes
 #
 # Besides its matmuls, a step runs elementwise ops, autocast's casts, the optimizer (on
 # float32 master weights in every precision), the Trainer's bookkeeping and the batch
@@ -321,13 +322,13 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
 # them (NVIDIA's mixed-precision guide), and autocast's casts add work. The collapsed
 # output's `vs fp32` lines apply it to the bench MLP.
 #
-# So the gap to 2-3x has two parts: how much faster this device's 16-bit matmuls are, and
-# how much of the step is not matmuls. The collapsed output's last table times three
+# So the speedup has two parts: how much faster this device's 16-bit matmuls are, and how
+# much of the step is not matmuls. The collapsed output's last table times three
 # changes aimed at the second part: `grad_stats=False` (no per-step gradient statistics,
 # which lessons 03 and 04 read), then `AdamW(foreach=True)` (one `torch._foreach_*` call
 # per operation over all the tensors, not a loop over them) and `AdamW(fused=True)` (one
-# kernel for the whole update, `torch._fused_adamw_`); a gain within a few
-# percent of 1.00x is noise on a busy machine. `python -m amp_lessons bench --breakdown
+# kernel for the whole update, `torch._fused_adamw_`); on a busy machine a gain within a
+# few percent of 1.00x may be noise. `python -m amp_lessons bench --breakdown
 # --compile` adds `torch.compile`.
 #
 # ## Master weights: why not `model.half()`?
@@ -434,8 +435,8 @@ for run in adam.values():
 # The fused kernel keeps `eps` and its arithmetic in float32, so its first step is finite;
 # but it stores `v` back in float16, where it rounds to 0. From step 2 on, `m` still
 # remembers the earlier gradients while `v` has forgotten them, and the steps grow far past
-# the learning rate. Once the loss is NaN, so is every gradient but the exact zeros: the
-# weights still finite are the ones no step moved, whose change is 0:
+# the learning rate. By step 5 the weights still finite are the ones no step moved, whose
+# change is 0:
 
 # %%
 for impl in ("for-loop", "foreach"):
@@ -546,7 +547,7 @@ else:
 # - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block whose
 #   residual stream is float32 keeps more: its layer norms save float32); the weights,
 #   gradients and optimizer state do not shrink, so no batch twice as large fits.
-# - The speedup comes mostly from 16-bit matmuls faster than float32's (tensor cores, AMX,
+# - Here the speedup came mostly from 16-bit matmuls faster than float32's (tensor cores, AMX,
 #   AVX512-BF16, AVX512-FP16); Amdahl's law on the matmul share estimates it:
 #   `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs, and

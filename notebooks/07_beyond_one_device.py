@@ -248,7 +248,8 @@ print(f"\nrank 0's float32 shard: {4 * n // fsdp.world_size:,} bytes; the whole 
 
 # %% [markdown]
 # Each all-gather is handed this rank's shard, and with the default `reshard_after_forward`
-# (True for every module but the root, which holds no parameters here) a layer is gathered
+# (True for every module but the root, which holds no parameters here: the `fully_shard`
+# docstring) a layer is gathered
 # twice per step: for forward, and again for backward, after FSDP2 freed the gathered
 # weights. So a float32
 # all-gather total is twice the float32 shard. A reduce-scatter is handed the whole unsharded
@@ -298,8 +299,8 @@ print(f"bf16's spacing next to 1.0: {torch.finfo(torch.bfloat16).eps}; "
 # by `W / pre` after, with `pre` about the square root of W, so that neither the sum
 # overflows nor the divided gradients underflow. At 2 ranks all of it comes before, as in
 # the line above. The loop below is the rule in `_get_gradient_divide_factors`
-# (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, torch 2.13), for world sizes
-# that are not run here:
+# (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, torch 2.13), for the 2 ranks
+# run here and larger world sizes:
 
 # %%
 for world in (2, 4, 8, 64):
@@ -512,8 +513,9 @@ with expect_error(D.RankFailedError):
 #   2.15 on the parameter's `grad_dtype`, by default its own dtype (float32 here). It is not autocast: each op runs in the dtype it is
 #   given.
 # - Reduce in float32, `reduce_dtype=torch.float32`, the same on every release. A 16-bit
-#   reduce rounds every gradient: bf16 loses small ones beside large ones, fp16 flushes tiny
-#   ones to zero, and its sum overflows from 65520 on unless divided first (FSDP2 divides
+#   reduce rounds every float32 gradient and every partial sum (under FSDP2 with
+#   `param_dtype=bf16` the gradients are bf16 already; a float32 reduce then protects the
+#   sum across ranks): bf16 loses small ones beside large ones, fp16 rounds tiny ones to 0, and its sum overflows from 65520 on unless divided first (FSDP2 divides
 #   its fp16 reduce-scatters, after the cast: a gradient of 65520 or more is inf already),
 #   and the error grows with the number of ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
