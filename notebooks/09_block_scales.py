@@ -218,13 +218,12 @@ for kind, tensors in groups.items():
 # even). **Predict:** which schemes come out on top, and by how much does 4 bits trail 8?
 
 # %%
-from amp_lessons.blockscale import SCHEMES, error_table, round_e2m1, saturates
-from amp_lessons.formats import round_to_format
+from amp_lessons.blockscale import SCHEMES, error_table, round_element, saturates
 
-for element, values, rounded in (("e4m3", [448.0, 464.0, 464.5], lambda v: round_to_format(v, "fp8_e4m3")),
-                                 ("e2m1", [6.0, 6.99, 7.0], round_e2m1)):
+for element, values in (("e4m3", [448.0, 464.0, 464.5]), ("e2m1", [6.0, 6.99, 7.0])):
     v = torch.tensor(values)
-    print(f"{element}: {values} round to {rounded(v).tolist()}; counted saturated: {saturates(v, element).tolist()}")
+    print(f"{element}: {values} round to {round_element(v, element).tolist()}; "
+          f"counted saturated: {saturates(v, element).tolist()}")
 
 table = error_table(groups)
 print(f"{'':<12}" + "".join(f"{s:>12}" for s in SCHEMES))

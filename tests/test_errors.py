@@ -727,3 +727,17 @@ def test_schedulers_on_the_shared_scale_fall_behind_unseen_by_check_loop():
     verdict = check_two_model_loop(errors.schedule_two_optimizers_on_the_scale)
     assert not verdict.passed
     assert "scheduler 2 missed steps its optimizer took" in str(verdict)
+
+
+def test_caught_warnings_leaves_out_a_kernel_thread_s_warning():
+    import warnings as W
+
+    from amp_lessons import errors as E
+
+    def run():
+        W.warn_explicit("housekeeping", ResourceWarning, "/x/site-packages/ipykernel/iostream.py", 1)
+        W.warn("from the run", UserWarning, stacklevel=1)
+        return 7
+
+    caught, result = E.caught_warnings(run)
+    assert result == 7 and [str(w.message) for w in caught] == ["from the run"]
