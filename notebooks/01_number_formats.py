@@ -165,8 +165,8 @@ print(bits_of(1e-6, "fp16"))
 # The top end fails the other way: the largest float16 is 65504, and the next step up
 # would be 65536 (`2^16`). Values below 65520, halfway between the two, still round down to
 # 65504; from 65520 on, they are `inf`. (That is rounding once, as the course's functions
-# do. torch's own cast of a *float64* tensor goes through float32 first, and can land on
-# 65520: the last line below.)
+# do. torch's own cast of a *float64* tensor rounds to float32 first: 65519.999 becomes
+# 65520 there, exactly the tie, which then goes to `inf`: the last line below.)
 
 # %%
 for v in (65504.0, 65519.0, 65520.0):
@@ -416,10 +416,10 @@ print(check("float16 stores the typical gradient more precisely than bfloat16, a
 #   flush to zero; below `2^-14` they lose precision as subnormals. Small gradients (in
 #   your run, above all the activation gradients) fall there.
 # - A loss scale `2^k` slides every gradient `k` powers of two up. Here the gradients span
-#   fewer powers of two than float16 does, so a scale such as `GradScaler`'s starting
-#   `2^16` puts them all in its range; too large a scale overflows to `inf`. This
-#   lesson scales float32 gradients and then rounds, which is exact for a power of two; a
-#   real float16 backward rounds along the way too (lesson 03 runs one).
+#   fewer powers of two than float16 does, so some scale can put them all in its range;
+#   `GradScaler`'s starting `2^16` did (the check above). Too large a scale overflows to
+#   `inf`. This lesson scales float32 gradients and then rounds, which is exact for a power
+#   of two; a real float16 backward rounds along the way too (lesson 03 runs one).
 #
 # ## Watch out
 #
@@ -431,8 +431,8 @@ print(check("float16 stores the typical gradient more precisely than bfloat16, a
 # - float16 overflows from 65520 on (the cells on its top end): one `inf` in the
 #   gradients and `GradScaler` skips the whole step.
 # - fp8 is narrower still, and e4m3fn has no `inf`. What torch's cast stores for a value
-#   too large for it depends on the release, on the CPU path: NaN before torch 2.13,
-#   448 from 2.13 on, `inf` included (PyTorch pull request 178817,
+#   too large for it depends on the release, on the CPU path: NaN in torch 2.11,
+#   448 in 2.13, `inf` included (PyTorch pull request 178817,
 #   "Properly saturate E4M3 on finite-overflow on CPU/C++ conversion code"). Type `1e6` in
 #   the widget to see what this release does (the cell below says it too); lesson 08 shows
 #   why fp8 code clamps before casting.

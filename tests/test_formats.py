@@ -411,6 +411,8 @@ def test_loss_scale_checker():
     assert not big.passed and "25 values overflow" in str(big)
     assert not check_loss_scale(3000.0 * 16, g).passed
     assert "not a power of two" in str(check_loss_scale(3000.0 * 16, g))
+    near = str(check_loss_scale(4096.0001, g))  # shown with its digits, not as "4096"
+    assert "4096.0001 (2^12) is not a power of two" in near
     assert "positive finite" in str(check_loss_scale(-4.0, g))
 
 

@@ -63,9 +63,9 @@ def check_loss_scale(scale, grads, target: float = 0.99) -> Verdict:
     findings, passed = [], True
     if k != round(k):
         passed = False
-        findings.append(f"{scale:g} is not a power of two: multiplying by it can round each "
+        findings.append(f"{scale:.10g} (2^{k:.4g}) is not a power of two: multiplying by it can round each "
                         "gradient's mantissa; GradScaler's default scales are powers of two (2.0**k)")
-    label = f"2^{k:.0f}" if k == round(k) else f"{scale:g}"
+    label = f"2^{k:.0f}" if k == round(k) else f"{scale:.10g}"
     c = scaled_census(grads, "fp16", scale)
     normal = c.fraction("normal")
     # The gradients come from a training run: their counts are figures from float kernels.
