@@ -69,18 +69,11 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # ## A network with small gradients
 #
 # A 4-layer MLP learns the 8x8 handwritten digits with AdamW. Other networks have far
-# smaller gradients: in NVIDIA's *Mixed Precision
-# Training* paper (section 3.2 and its Figure 3), many activation gradients of a Multibox
-# SSD detector lay below 2^-24, float16's smallest subnormal, and became zeros. To see on a
-# laptop what fp16 does to gradients that small, this lesson multiplies the loss by
-# `LOSS_WEIGHT`, which shrinks every gradient by the same factor. Adam divides each step
-# by `sqrt(v) + eps`, `v` a running average of the squared gradients and `eps` 1e-8, so a
-# constant factor cancels, except next to `eps`. Here it does not quite cancel: the weighted
-# gradients (their median is printed below) are as small as `eps`, which then decides
-# much of the step, so even in fp32 the weighted run trains slower than the plain one.
-# With `eps` times the same weight it trains as the plain one does (both checked after
-# the four runs below). The four runs keep the default `eps`, the same in each: what
-# differs between them is the precision, and for fp16, where the gradients sit in its range.
+# smaller gradients: in NVIDIA's *Mixed Precision Training* paper (section 3.2 and its
+# Figure 3), many activation gradients of a Multibox SSD detector lay below 2^-24,
+# float16's smallest subnormal, and became zeros. To see what fp16 does to gradients that
+# small, this lesson multiplies the loss by `LOSS_WEIGHT`, which shrinks every gradient by
+# the same factor (what that costs in fp32 is measured after the four runs below).
 
 # %%
 import math
@@ -143,7 +136,7 @@ if can_run["bf16"] is None:
     bf16 = first_step_gradients("bf16", device=device)
     print(flush_report(fp32, bf16, "bf16"))
     lost = fp32[(bf16 == 0) & (fp32 != 0)].abs()
-    print(check("every value bf16 made 0 lies far inside its range (above its smallest normal): "
+    print(check("every value bf16 made 0 lies above its smallest normal: "
                 "rounding, not range", bool((lost > torch.finfo(torch.bfloat16).tiny).all()),
                 f"values it made 0: {measured(lost.numel(), 'd')}" + (f", the smallest ≈{lost.min():.1e}" if lost.numel() else "")))
 else:
@@ -192,8 +185,11 @@ for label in ("fp16 + GradScaler", "bf16, no scaler"):
         print(at_most(f"{label} ends within 0.05 of fp32's loss", abs(final[label] - ref), 0.05))
 
 # %% [markdown]
-# And the weight itself: the fp32 run again with the plain cross-entropy (no `LOSS_WEIGHT`),
-# and the weighted one with Adam's `eps` times `LOSS_WEIGHT`:
+# And the weight itself. Adam divides each step by `sqrt(v) + eps`, `v` a running average of
+# the squared gradients and `eps` 1e-8, so a constant factor on the gradients cancels, except
+# next to `eps`; the weighted gradients (their median is printed above) are as small as
+# `eps`. The fp32 run again with the plain cross-entropy (no `LOSS_WEIGHT`), and the
+# weighted one with `eps` times `LOSS_WEIGHT`:
 
 # %%
 from torch.nn import functional as F
@@ -214,9 +210,8 @@ print(at_least("with the default eps the weighted run ends at least 0.01 above t
 # %% [markdown]
 # So the weight costs the fp32 run some loss, all of it through `eps`; the four runs above
 # share that cost. fp16 alone falls behind, and through the whole run more of its gradients
-# are exactly zero than fp32's (checked above): a weight whose gradient is zero gets nothing
-# from that gradient. With a GradScaler, fp16 follows fp32; so does bf16, with no scaler at
-# all.
+# are exactly zero than fp32's (checked above). With a GradScaler, fp16 follows fp32; so
+# does bf16, with no scaler at all.
 #
 # ## GradScaler, line by line
 #
@@ -305,24 +300,22 @@ print(History(history[23:28]).table(columns=("step", "loss", "scale", "skipped")
 print(f"{history.skipped} of {len(history)} steps skipped; AdamW took {optimizer_steps(trainer.optimizer)} steps")
 
 # %%
-import warnings
+from amp_lessons.errors import caught_warnings
 
 trainer = lesson_trainer("fp16", device=device, inject_nonfinite=(3,))
 trainer.fit(3)
 before = [p.detach().clone() for p in trainer.model.parameters()]
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    record = trainer.step()
+caught, record = caught_warnings(trainer.step)  # every warning the step raised, whoever raised it
 print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
       f"{all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))}, "
-      f"warnings raised by torch {sum('torch' in w.filename for w in caught)}")
+      f"warnings raised during the step {len(caught)}")
 
 # %% [markdown]
 # ## Why the first steps can be skipped
 #
-# A scale can also be too large: a scaled gradient that fp16 holds (every gradient of this
-# all-Linear network passes through fp16 matmuls) overflows to inf from 65520 on, halfway
-# past fp16's largest, 65504. A loss
+# A scale can also be too large: a scaled gradient that fp16 holds overflows to inf from
+# 65520 on, halfway past fp16's largest, 65504 (here each parameter's gradient is computed
+# in fp16 before its cast to float32, traced below). A loss
 # summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence)
 # has gradients as many times larger as there are terms in the sum. Here is the same
 # network with the cross-entropy summed over the batch of 64. **Predict** what happens to
@@ -336,11 +329,19 @@ history = trainer.fit(4)
 print(history.table(columns=("step", "loss", "scale", "skipped")))
 
 # %%
+from amp_lessons.trace import short, trace_model
+
+traced_model = lesson_model().to(device)
+traced = trace_model(traced_model, x, y, summed_loss, dtype=torch.float16, backward="outside")
+backward = [r for r in traced.rows() if r.module == "(backward)"]
+print("backward: the weights' matmuls (mm) and the biases' sums ran in",
+      sorted({short(r.dtype) for r in backward if r.op in ("mm", "sum")}), "| gradients then cast to fp32:",
+      sum(r.op == "_to_copy" and r.dtype == torch.float32 for r in backward),
+      "of", len(list(traced_model.parameters())), "parameters")
 g = first_step_gradients("fp32", device=device, loss_fn=summed_loss).abs().max().item()
-print(f"largest |gradient| at step 0: {measured(g, '.3g')}; times 65536: {measured(g * 65536, ',.0f')}; "
-      f"fp16's largest value: {torch.finfo(torch.float16).max:,.0f}")
-print(at_least("the largest gradient times 65536 is above fp16's largest value",
-               g * 65536 / torch.finfo(torch.float16).max, 1.0))
+print(f"largest |gradient| at step 0: {measured(g, '.3g')}")
+print(at_least("the largest gradient times 65536 is above fp16's largest value, 65504",
+               g * 65536, torch.finfo(torch.float16).max, ",.0f"))
 
 # %% [markdown]
 # So GradScaler starts high (`init_scale=65536`) and halves on each overflow until the
@@ -366,7 +367,9 @@ print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW
 # says where to look. A plain `GradScaler` has no floor: it halves silently for as long as
 # the steps overflow (`update()` multiplies by `backoff_factor` with no lower bound:
 # `_amp_update_scale_` in `aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`). In your own loop, the same check is two lines after `scaler.update()`:
-# `if scaler.get_scale() < floor: raise RuntimeError(...)`.
+# `if scaler.get_scale() < floor: raise RuntimeError(...)`. `get_scale()` copies the scale to
+# the CPU, a CPU-GPU sync on CUDA (its docstring says so): read it once per step and keep
+# the value.
 #
 # ## The lr scheduler and skipped steps
 #
@@ -393,9 +396,7 @@ first = [m for m in first if SCHEDULER_WARNING in m]  # the scheduler's warning,
 print_schedule("steps 0-1 skipped, scheduler every iteration", len(first), trainer)
 later = lesson_trainer("fp16", device=device, inject_nonfinite=(3,), step_scheduler_on_skip=True,
                        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10, 0.5))
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    later.fit(6)
+caught, _ = caught_warnings(later.fit, 6)
 print_schedule("step 3 skipped, scheduler every iteration",
                sum(SCHEDULER_WARNING in str(w.message) for w in caught), later)
 messages, trainer = scheduler_warnings(step_scheduler_on_skip=False, steps=4, device=device)
@@ -477,8 +478,9 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 
 # %% [markdown]
 # Its title counts the skipped steps: the first ones bring 2^20 down to where the gradients
-# fit; after that the scale grows every 5 clean steps, and some of those growths overflow
-# and are halved back, a skipped step each time.
+# fit; after that the scale grows every 5 clean steps, and each overflowing step is skipped
+# and halves it: in this figure, some right after a growth, some at a scale that had held
+# for steps before (the gradients change as the network trains).
 
 # %% [markdown]
 # ## Remember
@@ -491,7 +493,7 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 # - A skipped step leaves the weights and the optimizer's step count as they were: with one
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
 # - bf16 has float32's range: this network's gradients lose none to it (the few values it
-#   makes 0, counted above, lie far inside its range), and need no scaler. A cast to bf16 too rounds to 0 at or
+#   makes 0, counted above, lie above its smallest normal), and need no scaler. A cast to bf16 too rounds to 0 at or
 #   below half its smallest subnormal (that subnormal is 9.2e-41, printed above).
 #
 # ## Watch out
@@ -499,14 +501,12 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 # - The first steps of a run can be skipped while the scale falls from 65536: normal.
 #   A scale that keeps falling most likely means inf/NaN at any scale: look at the data and
 #   the lr.
-# - Step the lr scheduler only when the step was not skipped. PyTorch warns ("Detected
-#   call of `lr_scheduler.step()` before `optimizer.step()`") only at the scheduler's first
-#   step, when no `optimizer.step()` has run yet: in a loop in the right order, only when
-#   the very first step is skipped (and never for a `fused=True` optimizer, whose `step()`
-#   always runs). Every later skip moves the schedule ahead of the training silently.
+# - Step the lr scheduler only when the step was not skipped: in a loop in the right order,
+#   PyTorch warns at most once, and only if the very first step is skipped (above).
 # - Save and load `scaler.state_dict()` with your checkpoints.
 # - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
-#   warns and disables itself. Pass the device: `torch.amp.GradScaler(device.type)`.
+#   warns and disables itself, unless `torch_xla` is installed: then it stays enabled, for a
+#   `"cuda"` device the machine lacks. Pass the device: `torch.amp.GradScaler(device.type)`.
 
 # %% [markdown]
 # ## Exercise: a step that knows it was skipped
@@ -544,7 +544,9 @@ check_amp_step(my_step, device)
 # - `GradScaler`'s defaults (`init_scale=2**16`, `growth_factor=2`, `backoff_factor=0.5`,
 #   `growth_interval=2000`), `step` skipping `optimizer.step()` when `unscale_` found
 #   inf/NaN, with no warning when it skips (`_maybe_opt_step`), and `"cuda"` as the
-#   default device, with its warning without CUDA: `torch/amp/grad_scaler.py`.
+#   default device, with its warning without CUDA: `torch/amp/grad_scaler.py`; "without
+#   CUDA" means neither CUDA nor `torch_xla` (`amp_definitely_not_available` in
+#   `torch/cuda/amp/common.py`). `get_scale()`'s CPU-GPU sync: its docstring, same file.
 # - The scheduler's order warning, checked only at its first step:
 #   `LRScheduler.step` in `torch/optim/lr_scheduler.py`.
 # - Adam's `eps` (default 1e-8): `torch/optim/adamw.py`.

@@ -741,3 +741,18 @@ def test_caught_warnings_leaves_out_a_kernel_thread_s_warning():
 
     caught, result = E.caught_warnings(run)
     assert result == 7 and [str(w.message) for w in caught] == ["from the run"]
+
+
+def test_caught_warnings_counts_a_torch_warning_filed_under_its_caller():
+    # torch warns with stacklevel=2, so the warning's filename is the caller's, not torch's:
+    # lesson 03 counts every warning a skipped step raised, never only those filed under torch.
+    import torch as T
+
+    from amp_lessons import errors as E
+    from amp_lessons.scaling import SCHEDULER_WARNING, lesson_trainer
+
+    trainer = lesson_trainer("fp16", device="cpu", inject_nonfinite=(0,), step_scheduler_on_skip=True,
+                             scheduler=lambda opt: T.optim.lr_scheduler.StepLR(opt, 10, 0.5))
+    caught, record = E.caught_warnings(trainer.step)
+    assert record.skipped and [SCHEDULER_WARNING in str(w.message) for w in caught] == [True]
+    assert "/torch/" not in caught[0].filename.replace("\\", "/")

@@ -79,6 +79,52 @@ def test_checking_the_loss_misses_the_overflow_with_a_finite_loss():
     assert "get_scale" not in text  # the kind of mistake, not the fix
 
 
+def _skip_below_the_starting_scale(model, opt, scaler, scheduler, x, y):
+    """Reads a scale below its start as a skip: true after a skip, and on clean steps after it too."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler.get_scale() < 65536
+    if not skipped:
+        scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return skipped
+
+
+def test_a_threshold_on_the_scale_hears_which_clean_steps_it_flagged():
+    verdict = check_amp_step(_skip_below_the_starting_scale, "cpu")
+    assert not verdict.passed
+    text = str(verdict)
+    assert "returns True on steps [0, 1, 3, 4], but the skipped steps were [0, 3, 5]" in text
+    assert "steps [1, 4] were applied (AdamW's step count moved), yet it returns True on them" in text
+    assert "the loss of step 5 was finite" not in text  # it is no check of the loss
+
+
+def _no_zero_grad(model, opt, scaler, scheduler, x, y):
+    """Never clears .grad: step 0's inf stays in the gradients of every later step."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scale = scaler.get_scale()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler.get_scale() < scale
+    if not skipped:
+        scheduler.step()
+    return skipped
+
+
+def test_a_step_without_zero_grad_hears_why_clean_steps_were_skipped():
+    text = str(check_amp_step(_no_zero_grad, "cpu"))
+    assert "steps [1, 2, 4, 6] were skipped although their batches were clean" in text
+    assert "the gradients entering step 1 already held inf/NaN from an earlier step" in text
+    assert "opt.zero_grad()" in text
+    # a step that clears .grad never hears it
+    assert "already held inf/NaN" not in str(check_amp_step(_skip_by_loss, "cpu"))
+
+
 def test_the_given_step_is_refused_for_its_two_bugs():
     verdict = check_amp_step(amp_step_as_given, "cpu")
     assert not verdict.passed

@@ -233,7 +233,9 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
     counts, and the lr_scheduler warning.
 
     A step counts as skipped when AdamW's own step count did not move, whatever skipped it:
-    GradScaler finding an inf, or the learner's own check of the loss.
+    GradScaler finding an inf, or the learner's own check of the loss. The feedback names the
+    applied steps the answer calls skipped, and says when a clean step was skipped on
+    gradients an earlier step left in ``.grad``.
     """
     import warnings
 
@@ -242,7 +244,7 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(dev.type, growth_interval=2)  # it grows too: a changed scale is not a skip
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-    returned, skipped, unchanged, warned = [], [], [], []
+    returned, skipped, unchanged, warned, carried = [], [], [], [], []
     for i in range(steps):
         x, y = lesson_data().batch(i, 64)
         if i in bad_batches:
@@ -253,6 +255,7 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
             scaler.load_state_dict({**kept, "scale": 2.0**40})
         before = [p.detach().clone() for p in model.parameters()]
         taken = optimizer_steps(opt)
+        carried.append(any(p.grad is not None and not torch.isfinite(p.grad).all() for p in model.parameters()))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -290,7 +293,11 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
                 "2^40), yet the optimizer stepped on them: let scaler.step(opt) decide (it skips a step "
                 "whose gradients hold inf/NaN), with the loss scaled by scaler.scale(loss)")
         if needless:
-            bad(f"steps {needless} were skipped although their batches were clean")
+            inherited = [i for i in needless if carried[i]]
+            bad(f"steps {needless} were skipped although their batches were clean"
+                + (f"; the gradients entering step {inherited[0]} already held inf/NaN from an earlier "
+                   "step: backward() adds to .grad, so clear it every step (opt.zero_grad())"
+                   if inherited else ""))
         if any(not unchanged[i] for i in truly):
             bad("a skipped step still changed the weights")
     if any(not isinstance(a, (bool, torch.Tensor)) or (isinstance(a, torch.Tensor) and a.numel() != 1)
@@ -302,14 +309,18 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
         if said == truly:
             good(f"it returns True exactly on the skipped steps {said}")
         else:
-            missed = [i for i in truly if i not in said and i in overflow_batches]
+            flagged = [i for i in said if i not in truly]  # applied steps it calls skipped
+            missed = [i for i in truly if i not in said]
+            only_overflow = missed and all(i in overflow_batches for i in missed)
             caught_some = any(i in said for i in bad_batches)  # it sees the batches with an inf
             bad(f"it returns True on steps {said}, but the skipped steps were {truly}"
+                + (f"; steps {flagged} were applied (AdamW's step count moved), yet it returns True "
+                   "on them" if flagged else "")
                 + (f": the loss of step {missed[0]} was finite, only its scaled gradients "
                    "overflowed, so a check of the loss or the inputs cannot see that skip; "
                    "ask what GradScaler itself changes when it skips"
-                   if missed and caught_some else ": what changes in GradScaler when it skips a step, "
-                   "and only then?"))
+                   if only_overflow and caught_some and not flagged
+                   else ": what changes in GradScaler when it skips a step, and only then?"))
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         bad("the weights now hold inf/NaN: a batch with an inf reached the optimizer")
     if scheduler.last_epoch == applied and not warned:
