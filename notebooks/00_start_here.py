@@ -25,7 +25,7 @@
 #
 # | lesson | what you will see |
 # |---|---|
-# | 00 start here | this machine's report, the precision to use here and why |
+# | 00 start here | this machine's report, a matmul timed per precision, the precision the course recommends and why |
 # | 01 number formats | fp32, tf32, bf16, fp16, fp8: range, precision, and your gradients against them |
 # | 02 autocast | which op ran in which dtype, traced on this device and, simulated, on CUDA |
 # | 03 grad scaler | fp16 gradients flushed to zero; GradScaler scaling, unscaling, skipping |
@@ -93,7 +93,9 @@ print(report.table(width=100))
 # Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
 # count, torch release and GPU. The lessons print them with a leading `≈` (the matmul rates
 # below). A sentence drawn from such figures is checked in its cell by a **verdict**, its
-# margin in the words: `✓ holds` here, or `✗ did not hold here`, with the figures it used. One with a margin (bf16 keeps 7 stored mantissa bits, lesson 01):
+# margin in the words: `✓ holds` or `✗ did not hold here`, with the figures it used. One,
+# with a margin: bf16 keeps 7 stored mantissa bits, so it rounds each of these inputs by at
+# most 2^-8 ≈ 0.4% of its value (lesson 01), and the bound is 1%:
 
 # %%
 from amp_lessons.claims import at_most
@@ -114,8 +116,9 @@ print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in nor
 #   through `torch.cuda.is_bf16_supported()`, but only by emulation: bf16 tensor cores start
 #   at compute capability 8.0 (Sources), and `is_bf16_supported(including_emulation=False)`
 #   says False there.
-# - **a CPU**: its measured rates. Its instruction sets permit a fast 16-bit path but do not
-#   guarantee one (Sources), so the report times a 256 x 256 matmul per precision.
+# - **a CPU**: its measured rates. torch's source gives the instruction sets its oneDNN
+#   matmul needs for a 16-bit path (Sources), not that path's speed, so the report times a
+#   256 x 256 matmul per precision.
 #
 # fp16 comes with a GradScaler on every device: whether one is needed depends on the
 # gradients, which lesson 01 counts against float16's range, not on the device.
@@ -124,7 +127,7 @@ print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in nor
 from amp_lessons.claims import measured
 
 for p, r in speedups.items():
-    print(f"{p} matmul: {measured(r, '.2g')}x float32's rate on {device.type}")
+    print(f"{p} matmul: {measured(r, '.3g')}x float32's rate on {device.type}")
 
 # %% [markdown]
 # A rate below 1 is a slowdown. `recommend`, the rule behind every lesson's report, gives
@@ -162,15 +165,15 @@ for label, facts in devices.items():
 # is shown happening in a lesson or traced to its source (in italics):
 #
 # > Mixed precision typically gives 2-3x faster training and halves activation memory on
-# > modern GPUs. *(PyTorch's AMP recipe reports 2-3x for its own large linear layers on
-# > Volta, Turing and Ampere, and small networks may gain nothing, Sources; "halves" only in
-# > matmul-heavy layers, as what autocast keeps in float32 is saved in float32; 05 measures
-# > both here)*
+# > modern GPUs. *(PyTorch's AMP recipe says its own large linear layers "should show" 2-3x
+# > on Volta, Turing and Ampere, and small networks may gain nothing, Sources; "halves" only
+# > in matmul-heavy layers, as what autocast keeps in float32 is saved in float32; 05
+# > measures both here)*
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
-# > memory. *(the weights: 02; the tensor cores: A100 datasheet, Sources; the memory: in
-# > matmul-heavy layers, 05)*
+# > memory. *(the weights: 02; the tensor cores: A100 datasheet, Sources; the memory: as
+# > above)*
 # >
 # > `torch.autocast(device_type, dtype)` is a context manager around the forward pass and
 # > loss. Inside it, ops that benefit (matmul, convolutions) run in low precision, while
@@ -190,7 +193,9 @@ for label, facts in devices.items():
 # >
 # > `torch.set_float32_matmul_precision("high")` lets float32 matmuls use TF32 tensor cores
 # > on NVIDIA GPUs, a near-free speedup for code you do not convert. *(on Ampere-or-newer
-# > ones: PyTorch's CUDA notes, Sources; on a CPU, below)*
+# > ones: PyTorch's CUDA notes, Sources; "near-free" in code changes, not in precision: the
+# > same notes measure TF32's relative error on an A100 "approximately 2 orders of magnitude
+# > larger" than float32's, and lesson 05 measures it; on a CPU, below)*
 # >
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
@@ -208,17 +213,32 @@ from amp_lessons.trace import probe_table
 print(probe_table(["softmax(x)", "layer_norm(x)", "sum(x)", "mean(x)", "mse_loss(x, x)", "cross_entropy(x, y)"],
                   torch.bfloat16,
                   ["cpu", "cuda (simulated)"], width=100))
-ones = torch.ones(10000, dtype=torch.bfloat16)
-print(check("a bf16 sum of 10000 ones gives 9984, bf16's nearest to 10000; added in bf16, 256 + 1 stays 256",
-            ones.sum().item() == 9984 and (ones[0] * 256 + 1).item() == 256))
 
 # %% [markdown]
 # Under CUDA's autocast softmax, layer_norm and sum come out float32 but `mean` does not,
 # and `cross_entropy` runs its `_log_softmax` in bf16, casting up only for `nll_loss`; under
 # a CPU's the four keep the bf16 they were given, and both losses run in float32 (lesson 02
-# traces both lists). The table gives the dtype an op returns, not the one it adds in: one
-# at a time in bf16, ones would stop at 256, so a bf16 sum that reaches 9984 was added in a
-# wider type and rounded to bf16 at the end.
+# traces both lists).
+#
+# The table gives the dtype an op returns, not the one it adds in. `sums_by_order` sums one
+# bf16 vector four ways: torch's `sum`, one element at a time and pairwise, both rounding to
+# bf16 after every addition, and in float64, rounded to bf16 once. Its values (1, 1 + 1/128,
+# ..., 1 + 127/128, repeating) are exact in bf16, and their partial sums (below 2^14, in
+# steps of 1/128) are exact in float32, so no order of float32 additions changes the total.
+
+# %%
+from amp_lessons.formats import sums_by_order
+
+x = (1 + torch.arange(10000) % 128 / 128).to(torch.bfloat16)
+sums = sums_by_order(x)
+for how, total in sums.items():
+    print(f"{how:<22} {total:g}")
+print(check("torch's bf16 sum is the float64 sum rounded once to bf16, which neither bf16 order gives",
+            sums["torch's sum"] == sums["float64, rounded once"] not in (sums["one at a time"], sums["pairwise"])))
+
+# %% [markdown]
+# So here torch's `sum` matched adding in a wider type and rounding once, not either order
+# of bf16 additions.
 #
 # ## What runs where
 #
@@ -253,6 +273,11 @@ from amp_lessons.hardware import supported_precisions
 
 {name: "refused" if why else "runs" for name, why in supported_precisions("cpu").items()}
 
+# %% [markdown]
+# Only tf32: the course trains in it only on Ampere-or-newer NVIDIA GPUs. On a CPU it keeps
+# every precision autocast runs (both 16-bit dtypes, below) and leaves speed to the measured
+# rates above; on a GPU it leaves out what runs only by emulation (bf16 on a T4).
+
 # %%
 a = torch.randn(64, 64)
 for dtype in (torch.bfloat16, torch.float16):
@@ -262,10 +287,6 @@ print("autocast's dtype when none is given:",
       {name: torch.get_autocast_dtype(name) for name in ("cuda", "cpu")})
 
 # %% [markdown]
-# Only tf32: the course trains in it only on Ampere-or-newer NVIDIA GPUs. On a CPU it keeps
-# every precision autocast runs and leaves speed to the measured rates above; on a GPU it
-# leaves out what runs only by emulation (bf16 on a T4).
-#
 # Precision names are parsed in one place. **Predict**: what does `"half"` mean, and what
 # happens with a typo? (A cell that fails on purpose runs inside `expect_error`, which prints
 # the error's type and message and lets "Run all" go on.)
@@ -324,8 +345,11 @@ print(describe_precision("fp16", "cpu"))
 # - TF32 on NVIDIA GPUs from Ampere on, and what `set_float32_matmul_precision` selects:
 #   PyTorch's CUDA notes (`docs/source/notes/cuda.md`, "TensorFloat-32 (TF32) on Ampere (and
 #   later) devices") and the function's docstring (`torch/__init__.py`), which says "This flag
-#   currently only affects one native device type: CUDA"; on a CPU it sets
-#   `torch.backends.mkldnn.matmul.fp32_precision`.
+#   currently only affects one native device type: CUDA". The CUDA notes on TF32's cost: "with
+#   TF32 enabled, the speed is ~7x faster on A100, and that relative error compared to double
+#   precision is approximately 2 orders of magnitude larger".
+# - That on a CPU the same call sets `torch.backends.mkldnn.matmul.fp32_precision`:
+#   `Context::setFloat32MatmulPrecision` in `aten/src/ATen/Context.cpp`.
 # - oneDNN's tf32 path on a CPU needing AMX-FP16: `use_mkldnn_tf32_matmul` in
 #   `aten/src/ATen/native/mkldnn/Matmul.cpp` (`cpuinfo_has_x86_amx_fp16()`).
 # - Which CPUs torch's oneDNN matmul takes its 16-bit paths on (the conditions, not the
@@ -334,8 +358,10 @@ print(describe_precision("fp16", "cpu"))
 #   error texts in torch 2.13 name "avx_ne_convert or avx512bw, avx512vl and avx512dq" and
 #   "avx_ne_convert or avx512_fp16"; off x86, bf16 where cpuinfo reports Arm's bf16
 #   instructions, fp16 never. The report reads x86's AVX512-BF16, AVX512-FP16 and AMX flags only.
-# - CPU and CUDA autocast's float32 lists: `aten/src/ATen/autocast_mode.cpp` (the
-#   `AutocastCPU` and `AutocastCUDA` registrations), traced in lesson 02.
+# - CUDA autocast's float32 lists: the `AT_FORALL_FP32` and `AT_FORALL_FP32_SET_OPT_DTYPE`
+#   macros in `aten/src/ATen/autocast_mode.h`, registered in `aten/src/ATen/autocast_mode.cpp`
+#   under the key `Autocast` (`AutocastCUDA`'s alias, `c10/core/DispatchKey.h`); CPU
+#   autocast's: the `AutocastCPU` registrations in `autocast_mode.cpp`. Both traced in lesson 02.
 # - bf16 tensor cores from Ampere (compute capability 8.0) on: CUDA C++ Programming Guide,
 #   "Alternate Floating Point" ("Tensor Cores support alternate types of floating point
 #   operations on devices with compute capability 8.0 and higher").

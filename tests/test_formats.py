@@ -552,3 +552,28 @@ def test_one_format_name_is_a_table_of_one_and_layouts_at_the_ends_of_the_range(
     assert (f64.max, f64.smallest_normal, f64.eps) == (torch.finfo(torch.float64).max,
                                                       torch.finfo(torch.float64).smallest_normal, 2.0**-52)
     assert formats.from_layout("e2m0", 2, 0).max == 2.0
+
+
+def test_sums_by_order_tells_a_wider_accumulator_from_bf16_orders():
+    # 1, 1 + 1/128, ..., 1 + 127/128, repeating: exact in bf16, and every float32 partial sum
+    # is exact (under 2^14 with 7 fractional bits), so torch's sum cannot depend on its order.
+    x = (1 + torch.arange(10000) % 128 / 128).to(torch.bfloat16)
+    sums = formats.sums_by_order(x)
+    assert sums["float64, rounded once"] == 14976  # 14953.9375 to bf16's nearest, spacing 64
+    assert sums["one at a time"] == 512  # bf16's spacing is 4 there: each value under 2 rounds away
+    assert sums["pairwise"] == 14912
+    assert sums["torch's sum"] == 14976
+    ones = formats.sums_by_order(torch.ones(10000, dtype=torch.bfloat16))  # ones cannot tell them apart
+    assert ones["pairwise"] == ones["float64, rounded once"] == 9984 and ones["one at a time"] == 256
+
+
+def test_sums_by_order_rounds_once_from_float64_in_the_tensors_dtype():
+    assert formats.sums_by_order(torch.tensor([65504.0, 15.0], dtype=torch.float16))["float64, rounded once"] == 65504
+    assert formats.sums_by_order(torch.tensor([2.5]))["pairwise"] == 2.5  # one element: itself, four times
+
+
+@pytest.mark.parametrize("bad", [torch.ones(2, 2), torch.ones(0), torch.ones(3, dtype=torch.float64),
+                                 torch.ones(3, dtype=torch.int64), [1.0, 2.0]])
+def test_sums_by_order_refuses_what_it_cannot_sum_and_says_what_to_pass(bad):
+    with pytest.raises(ValueError, match="must be a"):
+        formats.sums_by_order(bad)

@@ -20,12 +20,23 @@ def test_cpu_recommendation_follows_the_measured_bf16_speed(avx512_bf16, amx, sp
     got, scaler, reason = recommend("cpu", None, avx512_bf16 or amx, avx512_bf16, amx, bf16_speedup=speedup)
     assert (got, scaler) == (precision, False)
     # A measured figure, so it carries claims' ≈ (the notebooks' sanitize rule masks it).
-    assert f"ran at ≈{speedup:.2g}x float32's rate" in reason
+    assert f"ran at ≈{speedup:.3g}x float32's rate" in reason
 
 
 def test_the_threshold_is_inclusive():
     assert recommend("cpu", None, True, True, False, bf16_speedup=CPU_BF16_MIN_SPEEDUP)[0] == "bf16"
     assert recommend("cpu", None, True, True, False, bf16_speedup=CPU_BF16_MIN_SPEEDUP - 0.01)[0] == "fp32"
+
+
+@pytest.mark.parametrize("speedup, precision, verdict", [
+    (CPU_BF16_MIN_SPEEDUP, "bf16", "at least"),
+    (CPU_BF16_MIN_SPEEDUP - 0.001, "fp32", "below"),  # prints as the threshold: the words decide
+    (1.24, "fp32", "below"),  # three figures: not ≈1.2x beside a 1.25x threshold
+])
+def test_a_rate_near_the_threshold_reads_as_the_decision_it_made(speedup, precision, verdict):
+    got, _, reason = recommend("cpu", None, True, True, False, bf16_speedup=speedup)
+    assert got == precision
+    assert f"≈{speedup:.3g}x float32's rate, {verdict} the {CPU_BF16_MIN_SPEEDUP}x" in reason
 
 
 def test_without_a_measurement_a_cpu_gets_fp32_and_is_told_why():

@@ -6,7 +6,7 @@ cell calls :func:`seed_everything` itself. Modules, one home per topic:
 - ``precision``  precision names (fp32, tf32, bf16, fp16), parsed in one place
 - ``hardware``   device, native vs emulated bf16, TF32, CPU ISA, recommended precision (00)
 - ``seeding``    seeds and RNG state (every lesson's setup cell; checkpoints)
-- ``formats``    bit layouts, rounding and underflow of fp32/tf32/bf16/fp16/fp8 (01)
+- ``formats``    bit layouts, rounding and underflow of fp32/tf32/bf16/fp16/fp8 (01); a sum by order (00)
 - ``trace``      which aten op ran in which dtype under autocast (02)
 - ``models``     the small models the lessons train and trace (02-05)
 - ``data``       the lessons' datasets, generated or shipped offline with scikit-learn

@@ -35,7 +35,7 @@ def program_name() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="what this machine can do, and the precision to use here")
+    doctor = sub.add_parser("doctor", help="what this machine can do, and the precision the course recommends here")
     doctor.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:1, mps")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--no-measure", action="store_true",

@@ -3,8 +3,8 @@
 fp32, tf32, bf16, fp16 and, as a preview, the fp8 formats e4m3fn and e5m2. The figures
 of every format torch has a dtype for come from ``torch.finfo``; tf32 (a float32 whose
 mantissa tensor cores round to 10 bits) has no dtype, so its figures follow from its bit
-layout. Used in 01_number_formats (and ``round_to_format(t, "tf32")`` in 05), and by
-:mod:`amp_lessons.fp8` in 08_fp8.
+layout. Used in 01_number_formats (and ``round_to_format(t, "tf32")`` in 05, ``sums_by_order``
+in 00), and by :mod:`amp_lessons.fp8` in 08_fp8.
 
 e4m3fn has no inf, and what torch's cast stores for a value too large for it depends on
 the release: NaN before torch 2.13, the largest value (±448) from 2.13 on. Nothing here
@@ -304,6 +304,31 @@ def rounding_error(tensor, name) -> torch.Tensor:
     x = _as_float_tensor(tensor, "the tensor").flatten().double()
     x = x[x != 0]
     return (round_to_format(x, name).double() - x).abs() / x.abs()
+
+
+# -- what a sum adds in --------------------------------------------------------------------
+
+
+def sums_by_order(values) -> dict[str, float]:
+    """A 1-D float32, bfloat16 or float16 tensor summed four ways, each result in its own dtype
+    (lesson 00): torch's ``sum``; one element at a time and pairwise (a tree), both rounding
+    to the dtype after every addition; and in float64, rounded once at the end
+    (:func:`round_to_format`). Which one torch's sum matches shows what it added in."""
+    x = _as_float_tensor(values, "the values to sum")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.dim() != 1 or x.numel() == 0:
+        raise ValueError(f"the values to sum must be a non-empty 1-D float32, bfloat16 or float16 tensor; "
+                         f"got shape {tuple(x.shape)}, dtype {x.dtype} (e.g. t.flatten().to(torch.bfloat16))")
+    one_at_a_time = x[0]
+    for v in x[1:]:
+        one_at_a_time = one_at_a_time + v
+    tree = x
+    while tree.numel() > 1:
+        if tree.numel() % 2:
+            tree = torch.cat([tree, tree.new_zeros(1)])
+        tree = tree[0::2] + tree[1::2]
+    once = round_to_format(x.double().sum(), parse_format(x.dtype))
+    return {"torch's sum": x.sum().item(), "one at a time": one_at_a_time.item(),
+            "pairwise": tree.item(), "float64, rounded once": once.item()}
 
 
 # -- bits of one value -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Hardware truth, in one place: which device, what it can do, which precision to use.
+"""Hardware truth, in one place: which device, what it can do, which precision the course recommends.
 
 Every hardware decision of the course lives here and nowhere else, so it can be unit
 tested by simulating each device class (tests/test_hardware.py). An entry point (a
@@ -209,8 +209,8 @@ _ACTIVATIONS = ("saves up to half the activation memory (in matmul-heavy layers;
 
 
 # On a CPU, bf16 is recommended when a measured bf16 matmul runs at least this much faster
-# than float32's: a training step gains less than its matmuls do (lesson 05), so a small
-# matmul gain is not worth the coarser mantissa.
+# than float32's: a training step's gain is not its matmuls' (lesson 05 times steps), so a
+# small matmul gain is not taken as worth the coarser mantissa.
 CPU_BF16_MIN_SPEEDUP = 1.25
 
 
@@ -264,17 +264,17 @@ def recommend(device_type: str, cuda_capability=None, bf16_native=False,
                 f"{what}, not measured: on a CPU the course recommends bf16 only where a bf16 matmul "
                 f"measures at least {CPU_BF16_MIN_SPEEDUP}x float32's rate (`python -m amp_lessons "
                 "doctor` measures it).")
-    # A float kernels' figure, so printed with claims' leading ≈ (lesson 00 explains it).
-    # ≈ marks a float-kernel figure, as claims.measured does (an instrument imports no verdicts)
-    measured = f" Measured here: a bf16 matmul ran at ≈{bf16_speedup:.2g}x float32's rate."
-    if bf16_speedup >= CPU_BF16_MIN_SPEEDUP:
+    # ≈ marks a float-kernel figure, as claims.measured does (an instrument imports no verdicts);
+    # three figures and the threshold's verdict in words, so a rate near it reads as decided
+    fast = bf16_speedup >= CPU_BF16_MIN_SPEEDUP
+    measured = (f" Measured here: a bf16 matmul ran at ≈{bf16_speedup:.3g}x float32's rate, "
+                f"{'at least' if fast else 'below'} the {CPU_BF16_MIN_SPEEDUP}x the course asks of bf16.")
+    if fast:
         return ("bf16", False,
-                f"{what}, whose bf16 matmuls measured faster than float32's.{measured} bf16 needs no "
-                f"GradScaler and {_ACTIVATIONS}. Whole training steps gain less than their matmuls "
-                "(lesson 05 measures both).")
+                f"{what}.{measured} bf16 needs no GradScaler and {_ACTIVATIONS}. That rate is one "
+                "matmul's: lesson 05 times whole training steps.")
     return ("fp32", False,
-            f"{what}: its bf16 matmuls are not at least {CPU_BF16_MIN_SPEEDUP}x faster than "
-            f"float32's.{measured} Choose bf16 when activation memory is the limit: autocast "
+            f"{what}.{measured} Choose bf16 when activation memory is the limit: autocast "
             f"{_ACTIVATIONS}, as lesson 05 measures.")
 
 
