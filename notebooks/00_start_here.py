@@ -167,8 +167,8 @@ for label, facts in devices.items():
 # > Mixed precision typically gives 2-3x faster training and halves activation memory on
 # > modern GPUs. *(PyTorch's AMP recipe says its own large linear layers "should show" 2-3x
 # > on Volta, Turing and Ampere, and small networks may gain nothing, Sources; "halves" only
-# > in matmul-heavy layers, as what autocast keeps in float32 is saved in float32; 05
-# > measures both here)*
+# > where the saved tensors are 16-bit: what stays float32, by autocast's float32 list or
+# > by adding to a float32 tensor, is saved in float32; 05 measures both here)*
 # >
 # > Mixed precision keeps weights in float32 but runs most computation in a 16-bit type.
 # > Tensor cores on modern GPUs are much faster in 16-bit, and activations take half the
