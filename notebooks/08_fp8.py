@@ -242,6 +242,24 @@ print(amp_lessons.claims.at_most("inputs and weights fit e4m3 nearly as they are
                                  inputs_weights, 0.02))
 
 # %% [markdown]
+# These shares are for a batch of 64 and a mean loss, whose gradients are 1/64 of a summed
+# loss's. The share of the output gradients e4m3 flushes with a summed loss on the same
+# batch, and with a mean loss on a batch of 16:
+
+# %%
+def summed_loss(out, target):
+    return torch.nn.functional.cross_entropy(out, target, reduction="sum")
+
+
+x16, y16 = (t.to(device) for t in data.batch(50, 16))
+for label, ops in [("a summed loss, batch 64", record_operands(trainer.model, x, y, loss_fn=summed_loss)),
+                   ("a mean loss, batch 16", record_operands(trainer.model, x16, y16))]:
+    share = fp8_census([o.grad_output for o in ops], "fp8_e4m3").fraction("flushed")
+    print(amp_lessons.claims.check(f"{label}: e4m3 flushes fewer than with a mean loss, batch 64",
+                                   share < flushed["fp8_e4m3"],
+                                   f"{measured(share, '.0%')} against {measured(flushed['fp8_e4m3'], '.0%')}"))
+
+# %% [markdown]
 # The gradients are lesson 03's problem, only worse. A loss scale multiplies every gradient
 # by one factor: it can move their span, but not narrow it to fit e4m3's.
 #
@@ -297,8 +315,9 @@ print("per row flushes no more than per tensor, for every kind and format:", few
 #
 # The fp8 matmul takes the two fp8 operands and their inverse scales (`1 / scale`, per
 # tensor or per row) and returns `(A8 / scale_A) @ (B8 / scale_B)` in the `out_dtype` it is
-# given (`scaled_mm` below gives float32). On a CPU, torch computes exactly that, a float32
-# matmul of the dequantized values, except where oneDNN takes the call (Sources).
+# given (`scaled_mm` below, with per-tensor scales as here, gives float32). On a CPU, torch
+# computes exactly that, a float32 matmul of the dequantized values, except where oneDNN
+# takes the call (Sources).
 # `scaled_mm(a, b)` computes `a @ b.T` from two `quantize` results.
 #
 # **Predict:** with inputs fp8 holds exactly (small multiples of 1/4) and power-of-two
@@ -339,7 +358,8 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # capability 8.9 or 9.0+, and
 #
 # - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule; torch
-#   2.11 checks it on every GPU; newer torch only on Hopper, as Blackwell takes any layout);
+#   2.11 checks it on every GPU, newer torch only where the compute capability is 9.x, and
+#   elsewhere leaves the layout to cuBLASLt);
 # - the second operand's two dimensions, and the first operand's inner one, multiples of 16;
 # - never e5m2 times e5m2: e5m2 is for gradients, paired with e4m3.
 #
@@ -357,10 +377,11 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 from amp_lessons.fp8 import outlier_sweep
 
 rows = outlier_sweep()
-print(f"{'outlier':>8} {'error per tensor':>17} {'error per row':>14} {'weight flushed':>15} {'subnormal':>10}")
+print(f"{'outlier':>8} {'error per tensor':>17} {'error per row':>14} {'weight flushed per tensor':>26} "
+      f"{'subnormal per tensor':>21}")
 for r in rows:
     print(f"{'2^' + str(r['k']):>8} {measured(r['tensor']):>17} {measured(r['row']):>14} "
-          f"{measured(100 * r['flushed'], '.1f') + '%':>15} {measured(100 * r['subnormal'], '.1f') + '%':>10}")
+          f"{measured(100 * r['flushed'], '.1f') + '%':>26} {measured(100 * r['subnormal'], '.1f') + '%':>21}")
 
 # %%
 by_k = {r["k"]: r for r in rows}
@@ -541,7 +562,7 @@ print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_s
 # - e4m3 (here for inputs and weights, 3 mantissa bits) spans fewer than half of fp16's
 #   powers of two. e5m2 (here for gradients) has fp16's exponent and 2 mantissa bits, but
 #   subnormals only to 2^-16. Unscaled, e4m3 flushed most of this network's gradients
-#   (batch 64, a mean loss; a summed loss or a smaller batch lifts them, and fewer flush).
+#   (batch 64, a mean loss; a summed loss or a batch of 16 flushed fewer).
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
 #   nothing overflows, and only values far below the largest one flush. Per-row scales
 #   flush no more. Delayed scaling reuses past amaxes and can overflow.
@@ -568,8 +589,10 @@ print(inspect.getsource(row_scale_as_given))
 # %% [markdown]
 # Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
 # checker runs it in e4m3 and e5m2 on exact rows such as a backward pass holds, from 2^-36
-# to 2^5, an outlier, sparse ones, one bf16 cannot hold, and once all in bf16; it asks for
-# exact scales, `max / amax`. As given, it checks the function above:
+# to 2^5, an outlier, sparse ones (one all zeros), one bf16 cannot hold, one at 2^-124, and
+# once all in bf16. Every row needs a finite positive scale, the all-zero row included, and
+# the scale is exact, `max / amax`, wherever float32 holds that. As given, it checks the
+# function above:
 
 # %%
 my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, name="fp8_e4m3"): ...
@@ -588,7 +611,9 @@ check_row_scale(my_row_scale)
 #   (pull request 177870) saturate a float32 source (`__NV_SATFINITE`) before 2.13 too; fp16
 #   and bf16 sources keep torch's conversion. `torch.compile`'s rule is not probed here.
 # - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`. Layout: its
-#   `_scaled_gemm` (commit 2bec3bd, for every GPU) refuses others, "Only multiplication of
+#   `_scaled_gemm` (commit 2bec3bd, for every GPU; at commit 0174dfab only where
+#   `scaled_mm_arch_allowed(sm90_only)` holds, `major == 9` in `ScaledBlasDeviceUtils.cpp`,
+#   pull request 190703) refuses others, "Only multiplication of
 #   row-major and column-major matrices is supported by cuBLASLt" (a message in torch
 #   2.11's `libtorch_cuda.so`), after cuBLASLt's fp8 rule "A must be transposed and B
 #   non-transposed" (`cublasLtMatmul()`).

@@ -473,6 +473,19 @@ def test_row_scale_exercise_checker():
     as_double = check_row_scale(lambda x, name: scale_from_amax(amax(x, "row"), name).double())
     assert not as_double.passed and "float32" in str(as_double) and "right:" not in str(as_double)
     assert "raised ZeroDivisionError" in str(check_row_scale(lambda x, name: 1 / 0))
+    # mending only amax == 0 leaves row 9 (amax 3.5e-37, nonzero) an inf scale: named as such
+    def zero_only(x, name):
+        a = x.float().abs().amax(dim=1, keepdim=True)
+        return format_info(name).max / torch.where(a == 0, 1, a)
+
+    mended = check_row_scale(zero_only)
+    assert not mended.passed and str(mended).count("the scale of row 9 is inf; row 9 is not all zeros") == 3
+    assert "its amax is 3.5e-37" in str(mended) and "inf for every amax below 1.3e-36" in str(mended)
+    assert "right:" not in str(mended)
+    # any finite positive scale for that row passes: its exact one overflows float32
+    capped = check_row_scale(lambda x, name: torch.nan_to_num(
+        format_info(name).max / x.float().abs().amax(dim=1, keepdim=True), posinf=1.0))
+    assert capped.passed and "but row 9's, whose 448 / amax overflows float32" in str(capped)
 
 
 def test_fp8_training_figure():

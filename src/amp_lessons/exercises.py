@@ -775,13 +775,14 @@ def row_scale_as_given(x, name="fp8_e4m3"):
 def _row_scale_cases():
     """Exact inputs (powers of two times small integers): ordinary rows at 2^-36 (as small as
     08's gradients get), 2^-20, 2^-6, 2^0 and 2^5, an outlier row, an all-zero row (a dead ReLU
-    unit's gradient), a row with one nonzero value, and a row bf16 cannot hold (its amax,
-    7.5 * (1 + 2^-12), needs 16 significant bits; bf16 keeps 8). Returns the rows and the
-    zero row's index."""
+    unit's gradient), a row with one nonzero value, a row bf16 cannot hold (its amax,
+    7.5 * (1 + 2^-12), needs 16 significant bits; bf16 keeps 8), and a row at 2^-124 (amax
+    3.5e-37: nonzero, yet ``max / amax`` overflows float32). Returns the rows and the zero
+    row's index."""
     cols = torch.arange(16, dtype=torch.float32) - 7.5
     rows = [cols * 2.0**e for e in (-36, -20, -6, 0, 5)] + [cols * 2.0**20]
     zero_row = len(rows)
-    rows += [torch.zeros(16), torch.where(cols == 0.5, -3.0, 0.0), cols * (1 + 2.0**-12)]
+    rows += [torch.zeros(16), torch.where(cols == 0.5, -3.0, 0.0), cols * (1 + 2.0**-12), cols * 2.0**-124]
     return torch.stack(rows), zero_row
 
 
@@ -794,9 +795,10 @@ def _as_given(fn) -> bool:
 def check_row_scale(fn) -> Verdict:
     """08: check the learner's ``fn(x, name) -> scales`` on exact inputs for e4m3 and e5m2
     (and on a bfloat16 ``x`` in e4m3): one float32 scale per row, finite and positive (an
-    all-zero row included), and each nonzero row's largest magnitude landing on the format's
-    largest value up to float32 rounding (``max / amax``: neither a scale that only keeps
-    the row in range, nor one a few percent too large that the cast's rounding would hide).
+    all-zero row and a nonzero row whose ``max / amax`` overflows float32 included), and each
+    other nonzero row's largest magnitude landing on the format's largest value up to float32
+    rounding (``max / amax``: neither a scale that only keeps the row in range, nor one a few
+    percent too large that the cast's rounding would hide).
     For the function as given, a bad scale is named without saying why."""
     import math
 
@@ -820,26 +822,29 @@ def check_row_scale(fn) -> Verdict:
         if not right:
             findings.append(f"{label}: the scales are {scale.dtype}; torch._scaled_mm takes float32 scales")
         bad = [i for i, s in enumerate(scale.flatten().tolist()) if not (math.isfinite(s) and s > 0)]
+        tiny = top / torch.finfo(torch.float32).max  # below this amax, top / amax overflows float32
+        row_amax = x.abs().amax(dim=1)
         if bad:
             passed = False
             first = scale.flatten()[bad[0]].item()
-            tiny = top / torch.finfo(torch.float32).max  # below this amax, top / amax overflows float32
             if _as_given(fn):
                 findings.append(f"{label}: the scale of row {bad[0]} is {first}: a scale must be finite "
                                 "and positive for every row")
                 continue
             words = ("all zeros. What is its amax, and what does your formula give for it? A scale "
                      "must be finite and positive even where a row holds nothing" if bad[0] == zero_row
+                     else f"not all zeros: its amax is {row_amax[bad[0]].item():.2g}, and its scale must be "
+                     "finite and positive too" if 0 < row_amax[bad[0]] < tiny
                      else "not finite and positive")
             if math.isinf(first):
                 words += f"; in float32 {top:g} / amax is inf for every amax below {tiny:.2g}"
             findings.append(f"{label}: the scale of row {bad[0]} is {first}; row {bad[0]} is {words}")
             continue
         peak = (x * scale.float()).abs().amax(dim=1).double()  # what the cast sees, in float32
-        nonzero = x.abs().amax(dim=1) > 0
+        reachable = row_amax >= tiny  # the rows whose max / amax float32 holds
         close = 4 * torch.finfo(torch.float32).eps * top  # max / amax, then x * scale: two float32 roundings
-        over = [i for i in range(len(peak)) if nonzero[i] and peak[i] > top + close]
-        low = [i for i in range(len(peak)) if nonzero[i] and peak[i] < top - close]
+        over = [i for i in range(len(peak)) if reachable[i] and peak[i] > top + close]
+        low = [i for i in range(len(peak)) if reachable[i] and peak[i] < top - close]
         if over:
             i = over[0]
             stored = "inf" if fmt.has_inf else "448 or NaN"
@@ -852,9 +857,8 @@ def check_row_scale(fn) -> Verdict:
             findings.append(f"{label}: row {i} reaches {peak[i].item():g} after scaling{fate}{sign}")
         if low:
             same = bool((scale == scale.flatten()[0]).all())
-            pow2 = bool((torch.frexp(scale.float()[nonzero])[0] == 0.5).all())  # no exact scale here is one
-            row_amax = x.abs().amax(dim=1)
-            fine = [i for i in range(len(peak)) if nonzero[i] and i not in low and i not in over]
+            pow2 = bool((torch.frexp(scale.float()[reachable])[0] == 0.5).all())  # no exact scale here is one
+            fine = [i for i in range(len(peak)) if reachable[i] and i not in low and i not in over]
             smallest = fine and all(row_amax[i] < min(row_amax[j] for j in fine) for i in low)
             i = low[0]
             ratio = top / scale.flatten()[i].item() / row_amax[i].item()  # the amax the formula used, over the row's
@@ -874,8 +878,10 @@ def check_row_scale(fn) -> Verdict:
         right = right and not over and not low
         passed = passed and right
         if right:
-            findings.append(f"{label}: right: every nonzero row's largest value lands on {top:g}, and the "
-                            f"all-zero row gets a finite scale")
+            unreachable = [i for i in range(len(peak)) if 0 < row_amax[i] < tiny]
+            findings.append(f"{label}: right: every row gets a finite positive scale, and every nonzero row's "
+                            f"largest value lands on {top:g} but row {unreachable[0]}'s, whose {top:g} / amax "
+                            "overflows float32")
     return Verdict(passed, findings)
 
 # --- 06_error_messages ---------------------------------------------------------------
