@@ -159,15 +159,16 @@ at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", er
 # (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient at or
 # below half its smallest subnormal (2^-25, about 3e-8) rounds to 0 before the sum starts,
 # and the division pushes more into subnormals, where the ranking above flips: on tiny
-# gradients fp16 is the worse hook. Its arithmetic for 8 ranks, on three float32 gradients:
+# gradients fp16 is the worse hook. The hooks' cast and divide for 8 ranks, on three float32
+# gradients (one rank's part, before any sum):
 
 # %%
 g = torch.tensor([1e-3, 1e-6, 1e-8])
 exact = g / 8
 by = {name: g.to(dtype).div_(8).float() for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))}
 for i, grad in enumerate(g.tolist()):
-    print(f"gradient {grad:g}: float32 {exact[i]:.3g}; relative error of the fp16 hook "
-          f"{abs(by['fp16'][i] - exact[i]) / exact[i]:.1%}, of the bf16 hook {abs(by['bf16'][i] - exact[i]) / exact[i]:.1%}")
+    print(f"gradient {grad:g}: float32 {exact[i]:.3g}; relative error of the cast and divide in fp16 "
+          f"{abs(by['fp16'][i] - exact[i]) / exact[i]:.1%}, in bf16 {abs(by['bf16'][i] - exact[i]) / exact[i]:.1%}")
 
 # %% [markdown]
 # In fp16 the 1e-8 gradient is gone, and 1e-6 / 8 is off by about 5%; bf16 keeps both to
@@ -188,8 +189,11 @@ for i, grad in enumerate(g.tolist()):
 # `DistributedDataParallel.no_sync`'s docstring). With a GradScaler, nothing else changes:
 # `scaler.scale(loss).backward()` for each micro-batch, then `unscale_`, the clip, `step` and
 # `update` once (lesson 04's recipe). FSDP2's counterpart is
-# `model.set_requires_gradient_sync(False)` for all micro-batches but the last. Neither is
-# run here.
+# `model.set_requires_gradient_sync(False)` for all micro-batches but the last. While sync is
+# off, FSDP2 accumulates the gradients in `reduce_dtype`, and `reduce_dtype=None` means the
+# compute dtype (both in `MixedPrecisionPolicy`'s docstring, torch 2.13): so in 2.13, with
+# `param_dtype=torch.bfloat16` and reduce_dtype left at None, the micro-batches' gradients
+# add up in bf16. Neither is run here.
 #
 # ## FSDP2: sharded, with a policy for each dtype
 #
@@ -292,13 +296,14 @@ print(f"bf16's spacing next to 1.0: {torch.finfo(torch.bfloat16).eps}; "
 
 # %% [markdown]
 # Next to 1.0, bf16's numbers are 0.0078 apart, so 0.001 rounds away. fp16's largest value
-# is 65504, so 80000 overflows to inf. Dividing before the sum keeps it finite. bf16 has
+# is 65504, so 80000 overflows to inf. Dividing before the sum keeps it finite here. bf16 has
 # float32's range and does not overflow, but it rounds.
 #
 # FSDP2 divides an fp16 reduce-scatter in two parts: by a power of two `pre` before the sum,
-# by `W / pre` after, with `pre` about the square root of W, so that neither the sum
-# overflows nor the divided gradients underflow. At 2 ranks all of it comes before, as in
-# the line above. The loop below is the rule in `_get_gradient_divide_factors`
+# by `W / pre` after, with `pre` about the square root of W. At 2 ranks all of it comes
+# before, as in the line above. The comment beside this rule says the split is "to avoid
+# overflow/underflow": it lowers both risks, and rules out neither (one case of each after
+# the loop). The loop below is the rule in `_get_gradient_divide_factors`
 # (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, torch 2.13), for the 2 ranks
 # run here and larger world sizes:
 
@@ -308,6 +313,19 @@ for world in (2, 4, 8, 64):
     while world % pre == 0 and world / pre > pre:  # torch's loop, as written there
         pre *= 2
     print(f"W = {world:>2}: divide by {pre} before the fp16 reduce-scatter, by {world / pre:g} after")
+
+# %% [markdown]
+# One underflow and one overflow that this split lets through, in fp16 arithmetic in this
+# process, each rank's gradient added one rank after another (`ring_sum`):
+
+# %%
+fp16 = torch.float16
+tiny = torch.tensor(2.0**-24, dtype=fp16)  # fp16's smallest subnormal
+print(f"W =  2, 2^-24 on each rank: divided by 2, then summed: {D.ring_sum([tiny / 2] * 2, fp16).item():g}; "
+      f"summed, then divided by 2: {(D.ring_sum([tiny] * 2, fp16) / 2).item():.3g}")
+big = torch.tensor(10000.0, dtype=fp16)
+print(f"W = 64, 10000 on each rank: divided by 8, then summed: {D.ring_sum([big / 8] * 64, fp16).item()} "
+      f"(64 x 1250 = 80000 > 65504)")
 
 # %% [markdown]
 # A float32 or bf16 reduce-scatter needs neither: FSDP2 lets it average (`ReduceOp.AVG`),
@@ -365,7 +383,8 @@ between("with 2 ranks, reducing in bf16 ends within 5% of reducing in float32",
         ends["(bf16, bf16)"] / ends["(bf16, fp32)"], 0.95, 1.05)
 
 # %%
-loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends}, tail=1)
+loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends}, tail=1,
+            title=f"FSDP2 on {fsdp.world_size} ranks, bf16 compute: reduce-scattered in float32 or in bf16")
 
 # %% [markdown]
 # With 2 ranks, then, a bf16 reduce costs little here. The errors above grow with the number of
@@ -391,11 +410,13 @@ print(D.scaler_table(scalers, "ShardedGradScaler"))
 
 # %%
 for name in scalers.names:
-    print(f"{name:<22} steps skipped, by rank: {D.skipped_steps(scalers, name)}")
+    scales = {r["rank"]: [int(s["scale"]) for s in r["steps"]] for r in scalers[name]}
+    print(f"{name:<22} steps skipped (AdamW's step count did not move), by rank: {D.skipped_steps(scalers, name)}")
+    print(f"{'':<22} the scale before each step, by rank: {scales}")
 
 # %% [markdown]
-# Every rank skipped step 2, and each halved its scale, though in the FSDP2 runs only rank
-# 1 saw the inf.
+# In all three runs every rank skipped step 2 and halved its scale after it, though in the
+# FSDP2 runs only rank 1 saw the inf.
 # `ShardedGradScaler` all-reduces its "found inf" flag over the ranks in `unscale_`
 # (`torch/distributed/fsdp/sharded_grad_scaler.py`). `torch.amp.GradScaler` reaches the same
 # decision under FSDP2 without being told:
@@ -508,27 +529,26 @@ with expect_error(D.RankFailedError):
 #   4 bytes per parameter. A compress hook halves the bytes handed to the all-reduce and
 #   rounds every gradient.
 # - FSDP2's `MixedPrecisionPolicy` keeps the sharded parameters and their gradients in the
-#   parameters' own dtype (float32 here). It all-gathers and computes in `param_dtype`, and
-#   reduce-scatters in `reduce_dtype`: left at None, `param_dtype` before torch 2.15, from
-#   2.15 on the parameter's `grad_dtype`, by default its own dtype (float32 here). It is not autocast: each op runs in the dtype it is
-#   given.
-# - Reduce in float32, `reduce_dtype=torch.float32`, the same on every release. A 16-bit
-#   reduce rounds every float32 gradient and every partial sum (under FSDP2 with
-#   `param_dtype=bf16` the gradients are bf16 already; a float32 reduce then protects the
-#   sum across ranks): bf16 loses small ones beside large ones, fp16 rounds tiny ones to 0, and its sum overflows from 65520 on unless divided first (FSDP2 divides
-#   its fp16 reduce-scatters, after the cast: a gradient of 65520 or more is inf already),
-#   and the error grows with the number of ranks.
+#   parameters' own dtype (float32 here).
+# - FSDP2 all-gathers and computes in `param_dtype`, and reduce-scatters in `reduce_dtype`.
+# - `reduce_dtype=None` means `param_dtype` before torch 2.15. From 2.15 on it means the
+#   parameter's `grad_dtype`, by default the parameter's own dtype (float32 here).
+# - Reduce in float32: an explicit `reduce_dtype=torch.float32` does not depend on the
+#   release's default.
+# - A 16-bit reduce rounds every partial sum. In bf16 a small gradient can be lost beside a
+#   large one. In fp16 a tiny one can round to 0, and a large sum can overflow.
+# - FSDP2 (torch 2.13) divides an fp16 reduce-scatter by a power of two before the sum and by
+#   the rest after. That lowers the risk of overflow and of underflow; it rules out neither.
+# - In this lesson's ring simulation, the error of a 16-bit reduce grew with the number of
+#   ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
 #   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
 #   `ShardedGradScaler` does (the run above).
 # - With AdamW, weights, gradients and Adam's moments take 16 bytes per parameter, whatever
-#   the compute dtype: on every rank with DDP (plus 4 for its buckets by default), divided
-#   by W with FSDP2.
+#   the compute dtype: on every rank with DDP, divided by W with FSDP2.
 #
 # ## Watch out
 #
-# - `logits.float()` or `output_dtype=torch.float32` makes an FSDP2 model's loss float32, not
-#   the softmaxes and norms inside it.
 # - `mp.spawn` of a function defined in a notebook fails. Spawn a function imported from a
 #   module, or launch a module with `torchrun` (or `python -m torch.distributed.run`) and
 #   read what the ranks write to files.
@@ -540,8 +560,8 @@ with expect_error(D.RankFailedError):
 #
 # The policy run above had one more job, `"exercise"`: FSDP2 with
 # `MixedPrecisionPolicy(param_dtype=torch.float16)`, with reduce_dtype left at None. Its
-# row was not printed. Fill in the dtype at each stage (`torch.float16`, `"bf16"`,
-# `"float32"`, ...), and its reduce-scatter's op, `"avg"` or `"sum"`. The checker compares
+# row was not printed. Fill in the dtype at each stage (`torch.bfloat16`, `"fp32"`, `"half"`,
+# ...), and its reduce-scatter's op, `"avg"` or `"sum"`. The checker compares
 # your answer with what the ranks recorded.
 
 # %%
@@ -567,7 +587,8 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 # - The process-group timeouts: `init_process_group`'s docstring, `torch/distributed/distributed_c10d.py`.
 # - FSDP2's divide factors and the reduce-scatter's buffers: `_get_gradient_divide_factors`
 #   and `foreach_reduce`, `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`.
-# - `cast_forward_inputs`, `output_dtype`: `MixedPrecisionPolicy`,
+# - `cast_forward_inputs`, `output_dtype`, and `reduce_dtype` while gradient sync is off:
+#   `MixedPrecisionPolicy`,
 #   `torch/distributed/fsdp/_fully_shard/_fsdp_api.py`; `set_requires_gradient_sync`:
 #   `torch/distributed/fsdp/_fully_shard/_fully_shard.py`.
 # - The flat all-gather output kept beside the gathered parameters in forward:

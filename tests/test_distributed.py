@@ -362,6 +362,9 @@ def test_an_inf_on_one_rank_skips_the_step_on_all(run):
     ddp = run["ddp scaler"]
     assert [r["steps"][1]["own_inf"] for r in ddp] == [True, True]  # the all-reduce spread it
     assert D.skipped_steps(run, "ddp scaler") == {0: [1], 1: [1]}
+    for r in ddp:  # skipped means AdamW did not step
+        assert [s["optimizer_steps"] for s in r["steps"]] == [1, 1, 2]
+        assert [s["skipped"] for s in r["steps"]] == [False, True, False]
     assert "inf in own grads" in D.scaler_table(run, "sharded scaler")
 
 

@@ -157,6 +157,8 @@ def test_loss_curves_title_says_other_for_two_close_runs_and_rest_for_more():
     runs["b"][-1].loss = 1.5 * LOSS_WEIGHT  # the last step alone, as lesson 07 reads it
     last = loss_curves({k: runs[k] for k in ("a", "b")}, LOSS_WEIGHT, tail=1).axes[0].get_title()
     assert last == "after 12 steps, b lags; loss at the last step: b 1.50, a 1.00"
+    given = loss_curves({k: runs[k] for k in ("a", "b")}, LOSS_WEIGHT, tail=1, title="a or b").axes[0]
+    assert given.get_title() == "a or b" and [line.get_label() for line in given.lines] == ["a", "b"]
 
 
 def test_scale_plot_marks_each_skipped_step():

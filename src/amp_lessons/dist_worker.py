@@ -178,8 +178,9 @@ def _params_digest(model) -> str:
 def _train(ctx: Context, model, job: dict, autocast_dtype=None, scaler=None, on_step0=None,
            plant: str = "grad") -> list:
     """``job["steps"]`` AdamW steps of the recipe (scale -> backward -> step -> update);
-    returns one dict per step: the mean loss over the ranks, the scale, whether the step was
-    skipped and whether this rank's gradients held an inf after backward (and its reduce).
+    returns one dict per step: the mean loss over the ranks, the scale before the step, whether
+    the step was skipped (AdamW's step count did not move), AdamW's step count, and whether
+    this rank's gradients held an inf after backward (and its reduce).
 
     ``job["inf_at"] = (rank, step)`` makes that rank's step non-finite: ``plant="loss"``
     multiplies its loss by inf before backward (DDP's all-reduce then spreads it);
@@ -204,15 +205,15 @@ def _train(ctx: Context, model, job: dict, autocast_dtype=None, scaler=None, on_
         if step == 0 and on_step0 is not None:
             on_step0(logits, loss, opt)
         scale = scaler.get_scale() if scaler is not None else 1.0
+        taken = _adam_steps(opt)
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
         else:
             opt.step()
-        skipped = scaler is not None and scaler.get_scale() < scale
+        steps = _adam_steps(opt)
         rows.append({"step": step, "loss": _global_mean(ctx, loss), "scale": scale,
-                     "skipped": bool(skipped), "own_inf": own_inf,
-                     "optimizer_steps": _adam_steps(opt)})
+                     "skipped": steps == taken, "own_inf": own_inf, "optimizer_steps": steps})
         if step < job["steps"] - 1:
             opt.zero_grad(set_to_none=True)
     job["_state"] = _state_bytes(model, opt)  # after the last step: weights, grads, m and v

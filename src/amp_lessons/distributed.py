@@ -760,7 +760,8 @@ def fsdp_stages(record: dict) -> str:
 
 
 def scaler_table(run: Run, name: str) -> str:
-    """Step by step and rank by rank: own gradients inf?, the scale, skipped?, AdamW's step count."""
+    """Step by step and rank by rank: own gradients inf?, the scale before the step, skipped
+    (AdamW's step count did not move)?, AdamW's step count."""
     rows = []
     recs = run[name]
     for step in range(len(recs[0]["steps"])):
@@ -771,7 +772,7 @@ def scaler_table(run: Run, name: str) -> str:
 
 
 def skipped_steps(run: Run, name: str) -> dict:
-    """``{rank: [steps skipped]}``."""
+    """``{rank: [steps skipped]}``: the steps after which that rank's AdamW step count had not moved."""
     return {r["rank"]: [s["step"] for s in r["steps"] if s["skipped"]] for r in run[name]}
 
 

@@ -1235,8 +1235,8 @@ POLICY_STAGES = {
 def check_policy_prediction(prediction: dict, record: dict) -> Verdict:
     """07: the learner's dtypes for one FSDP2 run, against what its ranks recorded.
 
-    ``prediction`` maps each of :data:`POLICY_STAGES` to a dtype (``torch.float16``,
-    ``"bf16"``, ``"float32"``, ...) and ``"op"`` to ``"avg"`` or ``"sum"``; ``record`` is one
+    ``prediction`` maps each of :data:`POLICY_STAGES` to a dtype (``torch.bfloat16``,
+    ``"fp32"``, ``"half"``, ...) and ``"op"`` to ``"avg"`` or ``"sum"``; ``record`` is one
     rank's record of an ``fsdp_job`` (``run[name][0]``).
     """
     truth = policy_stages(record)

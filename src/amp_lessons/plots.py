@@ -212,14 +212,15 @@ def op_dtypes(traces: dict, columns: int = 5):
 # --- 03_grad_scaler ------------------------------------------------------------------
 
 
-def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
+def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10, title: str | None = None):
     """03: the loss of several runs over the same steps, in one axes to compare them.
 
     ``runs`` maps a label to a :class:`amp_lessons.training.History`. Losses are divided by
     ``loss_weight`` (03's runs train on cross-entropy times ``2^-15``), so the axis reads
     cross-entropy. Skipped steps (an inf loss) leave a gap. The title names the run that
     ends highest and the one that ends lowest (mean of the last ``tail`` steps; 07 passes
-    ``tail=1``, the last step's loss).
+    ``tail=1``, the last step's loss). A ``title`` replaces it (07 names what its two runs
+    differ in).
     """
     import math
     import statistics
@@ -241,7 +242,9 @@ def loss_curves(runs: dict, loss_weight: float = 1.0, tail: int = 10):
     ax.set(xlabel="optimizer step", ylabel=ylabel)
     ax.legend(frameon=False)
     known = {k: v for k, v in ends.items() if math.isfinite(v)}
-    if len(known) >= 2:
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    elif len(known) >= 2:
         hi, lo = max(known, key=known.get), min(known, key=known.get)
         steps = max(len(h) for h in runs.values())
         close = "ends close to " + ("the other" if len(known) == 2 else "the rest")
