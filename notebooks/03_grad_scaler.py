@@ -147,8 +147,9 @@ print(flush_report(fp32, first_step_gradients("fp16", scaler=True, device=device
 # ## Does it matter for training?
 #
 # The same 100 steps in four ways. A weight whose gradient stays exactly zero gets
-# nothing from its gradient (AdamW's weight decay still shrinks it): Adam can rescale a tiny
-# gradient, but not a missing one. **Predict** which run falls behind.
+# nothing from its gradient (AdamW's weight decay, 1e-2 by default, still shrinks it):
+# Adam can rescale a tiny gradient, but not a missing one. **Predict** which run falls
+# behind.
 
 # %%
 from amp_lessons.scaling import lesson_trainer
@@ -314,10 +315,10 @@ print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
 # ## Why the first steps can be skipped
 #
 # A scale can also be too large: a scaled gradient that fp16 holds overflows to inf from
-# 65520 on, halfway past fp16's largest, 65504 (here each parameter's gradient is computed
-# in fp16 before its cast to float32, traced below). A loss
-# summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence)
-# has gradients as many times larger as there are terms in the sum. Here is the same
+# 65520 on, halfway between fp16's largest, 65504, and 65536 (here each parameter's
+# gradient is computed in fp16 before its cast to float32, traced below). A loss summed
+# instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence) has
+# gradients as many times larger as there are terms in the sum. Here is the same
 # network with the cross-entropy summed over the batch of 64. **Predict** what happens to
 # steps 0 and 1.
 
@@ -366,7 +367,9 @@ print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW
 # course's `Trainer` stops there with `ScaleCollapseError` instead of skipping forever, and
 # says where to look. A plain `GradScaler` has no floor: it halves silently for as long as
 # the steps overflow (`update()` multiplies by `backoff_factor` with no lower bound:
-# `_amp_update_scale_` in `aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`). In your own loop, the same check is two lines after `scaler.update()`:
+# `_amp_update_scale_` in `aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`, and
+# `aten/src/ATen/native/cuda/AmpKernels.cu` on CUDA). In your own loop, the same check is
+# two lines after `scaler.update()`:
 # `if scaler.get_scale() < floor: raise RuntimeError(...)`. `get_scale()` copies the scale to
 # the CPU, a CPU-GPU sync on CUDA (its docstring says so): read it once per step and keep
 # the value.
@@ -502,7 +505,8 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   A scale that keeps falling most likely means inf/NaN at any scale: look at the data and
 #   the lr.
 # - Step the lr scheduler only when the step was not skipped: in a loop in the right order,
-#   PyTorch warns at most once, and only if the very first step is skipped (above).
+#   PyTorch warns at most once per scheduler, and only if the very first step is skipped
+#   (above).
 # - Save and load `scaler.state_dict()` with your checkpoints.
 # - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
 #   warns and disables itself, unless `torch_xla` is installed: then it stays enabled, for a
@@ -549,6 +553,6 @@ check_amp_step(my_step, device)
 #   `torch/cuda/amp/common.py`). `get_scale()`'s CPU-GPU sync: its docstring, same file.
 # - The scheduler's order warning, checked only at its first step:
 #   `LRScheduler.step` in `torch/optim/lr_scheduler.py`.
-# - Adam's `eps` (default 1e-8): `torch/optim/adamw.py`.
+# - Adam's `eps` (default 1e-8) and AdamW's decoupled `weight_decay` (default 1e-2): `torch/optim/adamw.py`.
 # - Activation gradients below float16's range: Micikevicius et al., *Mixed Precision
 #   Training*, ICLR 2018 (arXiv:1710.03740), section 3.2 and Figure 3.

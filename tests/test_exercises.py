@@ -291,3 +291,27 @@ def test_policy_prediction_hints_point_without_naming_the_answer():
     hints = " ".join(f for f in verdict.findings if not f.startswith(("(the run", "right:")))
     for answer in ("float32", "float16", "fp16", "fp32", "overflow", "AdamW updates"):
         assert answer not in hints.replace("'bf16'", ""), answer
+
+
+def _scheduler_first(model, opt, scaler, scheduler, x, y):
+    """Sees the skip from the unscaled gradients, but steps the scheduler before the optimizer."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    skipped = not all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    if not skipped:
+        scheduler.step()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return skipped
+
+
+def test_a_scheduler_stepped_before_the_optimizer_hears_the_order_not_the_guard():
+    verdict = check_amp_step(_scheduler_first, "cpu")
+    text = str(verdict)
+    assert not verdict.passed
+    assert "once per applied optimizer step, yet PyTorch warned" in text and "opposite order" in text
+    assert "step the scheduler after scaler.step(opt)" in text
+    assert "only when the step was not skipped" not in text

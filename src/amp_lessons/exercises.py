@@ -329,10 +329,14 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
     else:
         import textwrap
 
-        bad(f"the scheduler stepped {scheduler.last_epoch} times for {applied} applied "
-            "optimizer steps" + (" and warned: " + textwrap.shorten(warned[0], 80, placeholder=" ...")
-                                 if warned else "")
-            + "; call scheduler.step() only when the step was not skipped")
+        said = textwrap.shorten(warned[0], 150, placeholder=" ...") if warned else ""
+        if scheduler.last_epoch == applied:  # the right count: the warning is about the order
+            bad(f"the scheduler stepped once per applied optimizer step, yet PyTorch warned: {said}; "
+                "step the scheduler after scaler.step(opt) in each iteration")
+        else:
+            bad(f"the scheduler stepped {scheduler.last_epoch} times for {applied} applied "
+                "optimizer steps" + (f" and warned: {said}" if warned else "")
+                + "; call scheduler.step() only when the step was not skipped")
     return Verdict(passed, findings)
 
 # --- 04_clipping ---------------------------------------------------------------------
