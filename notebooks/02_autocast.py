@@ -129,13 +129,13 @@ mlp_trace = trace_model(mlp, x, y, loss_fn, dtype=dtype)
 print(mlp_trace.table())
 
 # %% [markdown]
-# The `cast` column says who inserted each `_to_copy`: `autocast`; `explicit`, the code
-# (`h.float()`) or the op itself, also when autocast asked the op for a float32 result;
-# `autograd`, a backward pass. Before each `addmm`, autocast cast the float32 weight and bias
-# to 16-bit, and for the first layer the input too (the shape tells which). The last column
-# marks float32 results: `<- autocast fp32` (autocast cast an input up, or asked for
-# float32) or `<- already fp32` (autocast cast none of its inputs). On a CPU `cross_entropy` is on
-# the float32 list: the `(loss)` cast.
+# The `cast` column says who inserted each `_to_copy` (here, autocast). Before each `addmm`,
+# autocast cast the float32 weight and bias to 16-bit, and for the first layer the input too
+# (the shape tells which). The last column marks a float32 result `<- autocast fp32` when
+# autocast caused it (cast an input up, or asked for float32), `<- already fp32` when its
+# inputs were float32 already. On a CPU `cross_entropy` is on the float32 list: autocast
+# casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
+# `nll_loss_forward` reads `_log_softmax`'s float32 result.
 #
 # ## A transformer block: attention, softmax, layer_norm, GELU
 #
@@ -161,9 +161,10 @@ block_trace
 #    on a CPU, `softmax` and `layer_norm` on CUDA and MPS) get their 16-bit inputs cast to
 #    float32 (or are asked for a float32 result). On CUDA `binary_cross_entropy` is banned
 #    instead ("... unsafe to autocast"; use `binary_cross_entropy_with_logits`).
-# 3. Every other op runs in the dtype its inputs give it. The residual `add` of the
-#    float32 input and a 16-bit branch promotes to float32 (`<- already fp32`), so the
-#    second `layer_norm` also got a float32 input. (A short `promote` list casts an op's
+# 3. Every other op runs in the dtype its inputs give it, and so does an op on a list whose
+#    inputs have that list's dtype already (autocast has nothing to cast). The residual
+#    `add` of the float32 input and a 16-bit branch promotes to float32 (`<- already fp32`),
+#    so the second `layer_norm` also got a float32 input. (A short `promote` list casts an op's
 #    inputs to the widest among them: `cat` and `stack` on a CPU, `dot`, `cross` and
 #    others on CUDA.)
 #
@@ -204,15 +205,16 @@ print(trace_fn(conv, image, device=device, dtype=dtype).oneline())
 #
 # The CUDA columns below are a replay, by machinery checked against this device's real
 # traces (next cell). Autocast decides every cast from the op, its arguments' devices and
-# dtypes and the autocast dtype, never from the data (`is_eligible` and `cached_cast` in
-# `aten/src/ATen/autocast_mode.h`: device, dtype, leaf and grad flags). So with `simulate=True` the tracer
+# dtypes and the autocast dtype, never from the data (`is_eligible` in
+# `aten/src/ATen/autocast_mode.h`: device and dtype; `cached_cast` in `autocast_mode.cpp`:
+# leaf and grad flags). So with `simulate=True` the tracer
 # turns the tensors into `FakeTensor`s on `"cuda"` (shape, dtype and device, no data),
 # switches CUDA's autocast on, and records the ops dispatched.
 #
 # A replay computes nothing and has no backward; a weight used twice may show two casts
-# where the device casts once (autocast's cast cache); and in a CPU-only build an op whose
-# CUDA kernel the build lacks replays as its decomposition (`rms_norm`: its
-# `_fused_rms_norm` has a CUDA kernel).
+# where the device casts once (autocast's cast cache); and in a CPU-only build an op that
+# has a CUDA kernel in CUDA builds and only a composite of other ops here replays as those
+# ops (`rms_norm`'s `_fused_rms_norm`).
 #
 # The check: the tracer runs calls both ways on this device, for real and simulated, and
 # compares them op by op. On a CPU this checks the replay machinery against the CPU's own
@@ -308,7 +310,6 @@ print(probe_table(["sum(x)", "mean(x)"], dtype))
 #
 # ## Apple GPUs (MPS)
 #
-# Autocast on MPS came in torch 2.5 for float16 and 2.6 for bfloat16 (macOS 14 or later).
 # The column below is a replay that no Apple hardware has checked:
 
 # %%
@@ -341,7 +342,7 @@ with expect_error(RuntimeError):
 
 # %% [markdown]
 # Disabling autocast does not cast anything back: `h` is still 16-bit, the weight is
-# float32, and the matmul refuses to mix them (convolutions and `bmm` refuse too).
+# float32, and the matmul refuses to mix them.
 # Single-input ops do not: a softmax over `h` there, the very op the region was for, runs
 # in 16-bit without a word. The region needs
 # an explicit `.float()` on every tensor that comes in from the autocast region:
@@ -359,8 +360,11 @@ print("head(h.float()):", out.dtype)
 # ## Weights, gradients, and where `backward()` runs
 #
 # `trace_model(..., backward="outside")` calls `loss.backward()` after the `with` block, as
-# the card says, and traces the backward pass too. **Predict**: what dtype will each `.grad`
-# have, given that the matmuls ran in 16-bit?
+# the card says, and traces the backward pass too. This section and the next run in eager
+# mode, as every cell here does: under `torch.compile` a compiled region's backward is
+# compiled for its forward's autocast state, wherever `backward()` is called (by default;
+# see Sources). **Predict**: what dtype will each `.grad` have, given that the matmuls ran
+# in 16-bit?
 
 # %%
 mlp, x, y, loss_fn = example("card_model", device)
@@ -524,27 +528,24 @@ autocast_explorer(device, precision=dtype)
 # - `torch.autocast(device, dtype)` wraps the forward pass and the loss. Inside it, matmuls
 #   and convolutions ran in 16-bit; the losses came out float32 (the traces above).
 # - Autocast never converts the model: it casts a float32 weight to 16-bit for the ops on
-#   its lower-precision list (the `_to_copy` rows; once per region for a float32 leaf that
-#   requires grad, its cast cache, and a frozen weight at every use); the `LayerNorm`
-#   weights went in as float32. Parameters and their `.grad` stayed float32.
+#   its lower-precision list (the `_to_copy` rows); the `LayerNorm` weights went in as
+#   float32. Parameters and their `.grad` stayed float32.
 # - Each device type has its own lists (trace on the device you train on). Ops on no list
 #   run in the dtype their inputs give them (the residual `add` came out float32 by type
 #   promotion, not because of autocast).
-# - Autocast skips in-place ops, `out=` and float64, and on CUDA calls that name their
-#   `dtype=` (so CUDA's `cross_entropy` runs its log-softmax in 16-bit).
 # - "Reductions stay float32" is true on CUDA for `sum`, not for `mean`, and on a CPU for
 #   neither.
-# - Call `backward()` outside the context. Custom autograd functions get both
-#   `torch.amp.custom_fwd(device_type=...)` and `torch.amp.custom_bwd(device_type=...)`.
+# - Call `backward()` outside the context.
 #
 # ## Watch out
 #
-# - `torch.autocast(device, enabled=False)` casts nothing: tensors from the autocast region
-#   stay 16-bit. A matmul of one with a float32 weight then raises a dtype mismatch, but a
-#   softmax runs on in 16-bit without a word: call `.float()` on them.
+# - Autocast skips in-place ops, `out=` and float64, and on CUDA calls that name their
+#   `dtype=` (so CUDA's `cross_entropy` runs its log-softmax in 16-bit).
+# - `torch.autocast(device, enabled=False)` casts nothing back: call `.float()` on each
+#   tensor that comes in from the autocast region.
 # - A custom function whose `backward` only works when `backward()` is called inside the
-#   context has a latent dtype bug; `custom_fwd` and `custom_bwd` together fix it.
-# - What runs in 16-bit depends on the device: trace on the device you train on.
+#   context has a latent dtype bug (in eager mode); `torch.amp.custom_fwd` and
+#   `torch.amp.custom_bwd` together fix it.
 #
 # ## Exercise: predict the dtype
 #
@@ -552,7 +553,7 @@ autocast_explorer(device, precision=dtype)
 # For each op below, predict the dtype of its output (`"fp32"`, `"bf16"` or `"fp16"`),
 # replace the `"?"`s, and run the cells. Reason with the three rules and this device's
 # lists; `_log_softmax` is the `LogSoftmax` module, `nll_loss_forward` the loss. A wrong
-# prediction gets the rule that decided it, as a question; `reveal=True` adds the answer.
+# prediction gets a question that points to the rule; `reveal=True` adds the answer.
 # Then predict for CUDA and check against the replay (`trace_model(..., device="cuda",
 # simulate=True)`). The net:
 
@@ -593,16 +594,17 @@ check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype
 # - `cross_entropy` as `log_softmax(x, 1, dtype=x.dtype)` then `nll_loss`:
 #   `cross_entropy_loss` in `aten/src/ATen/native/LossNLL.cpp`; a float16 CUDA softmax read
 #   directly (`half_to_float`): `softmax` in `aten/src/ATen/native/SoftMax.cpp`.
-# - `rms_norm` calling `_fused_rms_norm` (a CUDA kernel, else a decomposition):
+# - `rms_norm` calling `_fused_rms_norm` (a CUDA kernel in CUDA builds, else a composite):
 #   `rms_norm_symint` in `aten/src/ATen/native/layer_norm.cpp`.
 # - Backward ops running in the dtype autocast chose for their forward op, and backward
-#   outside autocast: "Autocasting" in `docs/source/amp.md`.
+#   outside autocast: `torch.autocast`'s docstring in `torch/amp/autocast_mode.py`.
+# - A compiled region's backward compiled for its forward's autocast state:
+#   `backward_pass_autocast = "same_as_forward"` in `torch/_functorch/config.py`, and the
+#   docs page "torch.compile has different autograd semantics" (`torch.compiler_backward`).
 # - `custom_fwd` and `custom_bwd` (and `cast_inputs`, a no-op outside autocast):
 #   `torch/amp/autocast_mode.py`, where `custom_bwd` reads the `_fwd_used_autocast` that
 #   `custom_fwd` sets.
 # - Lesson 00's precision by compute capability: `amp_lessons.hardware.recommend`.
-# - Autocast on MPS: pytorch/pytorch#99272 (float16, release 2.5) and #139390 (bfloat16,
-#   release 2.6, macOS 14 or later).
 # - The tracer sitting below autocast: `TorchDispatchMode` in
 #   `torch/utils/_python_dispatch.py`; the autocast dispatch keys in
 #   `c10/core/DispatchKey.h`.

@@ -433,13 +433,17 @@ def test_autocast_table_traces_the_card_model_on_cpu():
     assert "bf16" in autocast_table("card_model", "bf16", "cpu").split("\n\n")[1]
 
 
-def test_autocast_explorer_follows_model_dtype_and_device():
+def test_autocast_explorer_follows_model_dtype_and_device(monkeypatch):
     explorer = lesson_function("autocast_explorer")
     autocast_table = lesson_function("autocast_table")
-    box = explorer(device="cpu")
-    dtype, model, device = control(box, "dtype"), control(box, "model"), control(box, "device")
-    assert (model.value, dtype.value, device.value) == ("card_model", "bf16", "cpu")
-    assert "cpu" in device.options
+    monkeypatch.setattr(widgets, "available_devices", lambda: ["mps", "cpu"])
+    two = explorer(device="cpu")
+    assert control(two, "device").options == ("mps", "cpu") and control(two, "device").value == "cpu"
+    monkeypatch.setattr(widgets, "available_devices", lambda: ["cpu"])
+    box = explorer(device="cpu")  # one device: no toggle with nothing to toggle to
+    assert [c.description for c in box.children[:-2]] == ["model", "dtype"]
+    dtype, model = control(box, "dtype"), control(box, "model")
+    assert (model.value, dtype.value) == ("card_model", "bf16")
     assert shown_text(box) == autocast_table("card_model", "bf16", "cpu")
     dtype.value = "fp16"
     assert shown_text(box) == autocast_table("card_model", "fp16", "cpu")

@@ -119,20 +119,15 @@ _DTYPE_ANSWERS = "write 'fp32', 'bf16' or 'fp16'"
 
 
 def _rule_hint(op: str, record, device: str) -> str:
-    """The rule that decided ``record``'s dtype, as a question: a hint, not the answer."""
-    if record.rule == 1:
-        return (f"{op}: not yet. Rule 1 decided this one: autocast cast its float32 inputs. "
-                f"To which dtype does autocast cast the inputs of ops on {device}'s "
-                "lower-precision list?")
-    if record.rule == 2:
-        return (f"{op}: not yet. Rule 2 decided this one: autocast stepped in for it. What does "
-                f"autocast do with ops on {device}'s float32 list?")
-    why = f"autocast left it alone on {device}"
-    if record.already_fp32:  # on a float32 list or on none: autocast had nothing to cast
-        why += (" (an op on no list is left alone, and so is an op on the float32 list whose "
-                "inputs need no cast)")
-    hint = (f"{op}: not yet. Rule 3 decided this one: {why}, so it ran in the dtype its inputs "
-            "gave it. Which dtype did the op before it produce?")
+    """The rule that decided ``record``'s dtype, as a question: a hint, not the answer. Rules 1
+    and 2 share one hint (its number would name the op's list, and so the dtype)."""
+    if record.rule in (1, 2):
+        return (f"{op}: not yet. Autocast stepped in for this op (rule 1 or 2): which of "
+                f"{device}'s two lists is it on? Look it up: the three rules name their ops, "
+                "and the AMP docs' \"Autocast Op Reference\" lists CUDA's and the CPU's in full.")
+    hint = (f"{op}: not yet. Rule 3 decided this one: autocast had nothing to cast on {device} "
+            "(the op is on no list, or its inputs had its list's dtype already), so it ran in "
+            "the dtype its inputs gave it. Which dtype did the op before it produce?")
     if "norm" in op:
         hint += " (The lesson's cell with no autocast shows what a normalization's weight does.)"
     return hint

@@ -121,7 +121,8 @@ class OpRecord:
     def rule(self) -> int | None:
         """Which of lesson 02's three rules gave a computing op its dtype: 1, autocast cast its
         float32 inputs to 16-bit (the lower-precision list); 2, autocast made it float32 (the
-        float32 list); 3, autocast changed nothing, the op ran in the dtype its inputs had.
+        float32 list); 3, autocast changed nothing (the op is on no list, or its inputs had its
+        list's dtype already), the op ran in the dtype its inputs had.
         ``None`` for casts and views."""
         if self.kind != "compute":
             return None

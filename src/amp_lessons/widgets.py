@@ -315,16 +315,18 @@ def autocast_table(model: str = "card_model", precision: str = "bf16", device=No
 
 
 def autocast_explorer(device=None, precision: str = "bf16", model: str = "card_model"):
-    """02's widget: pick a model, a 16-bit dtype and (where there is a choice) a device;
-    the traced table re-renders. Only the devices this machine has are offered."""
+    """02's widget: pick a model, a 16-bit dtype and (where this machine has more than one)
+    a device; the traced table re-renders. Only the devices this machine has are offered."""
     here = pick_device(device).type  # an unavailable device: DeviceUnavailableError naming those here
     first = _autocast_precision(precision)
     model = _example_name(model)
-    dev = W.ToggleButtons(options=available_devices(), value=here, description="device")
+    devices = available_devices()
+    dev = W.ToggleButtons(options=devices, value=here, description="device")
     prec = W.ToggleButtons(options=[("bfloat16", "bf16"), ("float16", "fp16")],
                            value=first, description="dtype")
     which = W.ToggleButtons(options=list(EXAMPLES), value=model, description="model")
-    return live([which, prec, dev], lambda: autocast_table(which.value, prec.value, dev.value))
+    controls = [which, prec] + ([dev] if len(devices) > 1 else [])
+    return live(controls, lambda: autocast_table(which.value, prec.value, dev.value))
 
 
 # --- 03_grad_scaler ------------------------------------------------------------------
