@@ -142,15 +142,22 @@ for label, (precision, order) in RUNS.items():
 print(clipping_table(runs, MAX_NORM))
 
 # %% [markdown]
-# Columns: the loss scale; the median norm the clip saw; the threshold the clip really
-# applied to the true gradients (`max_norm` times true norm over the norm it saw, median
-# over steps: for the wrong order `max_norm / scale` by arithmetic, since the norm it saw
-# is the true norm times the scale, which `unscale_` divides out exactly); the share of steps it clipped; the median norm of the gradient the
-# optimizer applied; and the mean loss of the last 10 steps. The figure shows them step
-# by step: the norm the clip saw (top), the applied gradient with each run's threshold
-# dashed (middle), and the loss (bottom). Its title compares the updates on the steps where
-# fp32 clipped too, where both runs' updates are set by their thresholds; on the other
-# steps fp32's update is below `max_norm`, and the ratio is smaller.
+# Columns:
+#
+# - `scale`: the loss scale;
+# - `clip saw`: the median norm the clip compared with `max_norm`;
+# - `threshold`: the threshold the clip applied to the true gradients, `max_norm` times the
+#   true norm over the norm it saw (median over steps). For the wrong order that is
+#   `max_norm / scale`: the norm it saw is the true norm times the scale;
+# - `clipped`: the share of steps it clipped;
+# - `applied`: the median norm of the gradient the optimizer applied;
+# - `loss`: the mean loss of the last 10 steps.
+#
+# The figure shows them step by step: the norm the clip saw (top), the applied gradient
+# with each run's threshold as a black line (middle), and the loss (bottom). Its title
+# compares the updates on the steps where fp32 clipped too, where both runs' updates are
+# set by their thresholds; on the other steps fp32's update is below `max_norm`, and the
+# ratio is smaller.
 
 # %%
 from amp_lessons.plots import clipping_runs
@@ -173,8 +180,7 @@ print(at_most("every step of the wrong order applied max_norm / scale: |ratio - 
 # %% [markdown]
 # Second, does the right order track float32, and does the wrong one barely move from
 # where it started? "Tracks" is about the whole run, so the measure is the median of the
-# step-by-step gaps (a single step can jump where float16 rounding changes one batch's
-# outcome; the largest gap is printed too):
+# step-by-step gaps (the largest gap is printed too):
 
 # %%
 import statistics
@@ -206,9 +212,8 @@ for label in ("fp16, unscale_ then clip", "fp16, clip then unscale_"):
 print(clipping_table(adam_runs, MAX_NORM))
 
 # %% [markdown]
-# Adam carries on training, although the `applied` column shows that every step still
-# clipped the gradient to `max_norm / scale`: Adam is blind to one constant factor on all
-# gradients, and every gradient here is shrunk by a similar one.
+# Adam carries on training, although the `clipped` column shows that the clip cut every
+# step's gradient, down to a norm of `max_norm / scale` (the `applied` column).
 # The trap is hidden, not gone: the two runs do not end at the same loss. Two things differ
 # from the right order. Every step's gradient had the same norm, so Adam's running averages
 # no longer tell a large gradient from a small one; and Adam's `eps` (1e-8, meant to be
@@ -346,7 +351,8 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 
 # %% [markdown]
 # Done right, accumulation gives the large batch's update up to rounding (within 1% with
-# SGD, within 3% with AdamW, as checked), with one optimizer step and one scaler update.
+# SGD, within 3% with AdamW, as checked), with one optimizer step and one scaler update
+# (AdamW's `right` gap is not taken apart here).
 # That holds here because the micro-batches are the same size, the loss is a mean over the
 # samples, and the network has no BatchNorm (whose statistics would see only a
 # micro-batch; the `torch.nn.BatchNorm1d` docs: statistics "over the mini-batches").
@@ -364,9 +370,7 @@ print(at_least("AdamW, stepping every micro-batch is off by at least 50%", adamw
 # `clip_grad_norm_` returns the total norm it measured, and loops often log it. On a step
 # whose gradients hold an inf or a NaN, the step GradScaler is about to skip, that norm is
 # not finite either. **Predict** what a log of the mean gradient norm shows after one such
-# step. The `Trainer` records the clip's norm; here its step 3's loss is made inf (its
-# gradients come out NaN: in the cross-entropy's backward, -inf meets +inf at each sample's
-# target):
+# step. The `Trainer` records the clip's norm; here its step 3's loss is made inf:
 
 # %%
 import math
@@ -472,7 +476,8 @@ print(inspect.getsource(broken_clipping_loop))
 # calling `backward()` inside the `autocast` block one of this loop's bugs, one that changes
 # what it computes? (Lesson 02 traced backward inside and outside.) The checker runs your loop on
 # the CPU, records every GradScaler and clip call, compares the weights with a reference
-# loop, and says bug by bug what is fixed. As given, it runs the broken loop:
+# loop, and says bug by bug what is fixed. As given, it runs the broken loop, and only says
+# how many bugs remain and where:
 
 # %%
 my_loop = broken_clipping_loop  # replace with your fixed copy: def my_loop(model, data, ...):

@@ -277,8 +277,43 @@ def bugs(verdict):
     return [f for f in verdict.findings if f.startswith("bug:")]
 
 
-def test_checker_fails_the_planted_loop_and_names_every_bug():
-    v = check_clipping_loop(broken_clipping_loop, backward_in_autocast_is_a_bug=False)
+def broken_loop_copied(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    """The exercise's loop copied as it is: only the name and this docstring differ."""
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler()
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                logits = model(x.to(device))
+                loss = torch.nn.functional.cross_entropy(logits, y.to(device)) / accum_steps
+                scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def broken_loop_wrapped(*args, **kwargs):
+    broken_clipping_loop(*args, **kwargs)
+
+
+@pytest.mark.parametrize("loop", [broken_clipping_loop, broken_loop_copied])
+def test_checker_counts_the_bugs_of_the_loop_as_given_without_the_fixes(loop):
+    v = check_clipping_loop(loop)
+    assert not v.passed
+    head, question = v.findings
+    assert head.startswith("bugs: 3 of 3 remain, in how the GradScaler is built; where the clip runs; "
+                           "how often unscale_, step and update run.")
+    assert question.startswith("question:")
+    for fix in ("device", "unscale_(opt)", "24", "once per", "after", "before", "weights"):
+        assert fix not in head, fix
+
+
+def test_checker_names_every_bug_once_the_loop_is_changed():
+    v = check_clipping_loop(broken_loop_wrapped, backward_in_autocast_is_a_bug=False)
     assert not v.passed
     text = "\n".join(bugs(v))
     assert "GradScaler() was built without a device" in text
@@ -293,7 +328,11 @@ def test_checker_passes_the_fixed_loop_only_with_the_right_answer():
     assert v.passed, str(v)
     assert not bugs(v)
     assert "identical bit for bit" in str(v)
-    assert not check_clipping_loop(fixed_clipping_loop, backward_in_autocast_is_a_bug=True).passed
+    wrong = check_clipping_loop(fixed_clipping_loop, backward_in_autocast_is_a_bug=True)
+    assert not wrong.passed
+    (said,) = [f for f in wrong.findings if f.startswith("question, think again:")]
+    assert "identical bit for bit" in said and "autocast(enabled=False)" in said
+    assert "not a bug" not in said and "is_a_bug=" not in said  # the reasons, not the answer
     v = check_clipping_loop(fixed_clipping_loop)
     assert not v.passed and "question:" in str(v)
 
@@ -388,8 +427,8 @@ def test_checker_names_what_remains_in_a_partly_fixed_loop():
 def test_checker_explains_unscale_called_twice():
     v = check_clipping_loop(unscale_inside_the_micro_loop, backward_in_autocast_is_a_bug=False)
     assert not v.passed
-    assert any("raised RuntimeError: unscale_() has already been called" in b
-               and "once per optimizer step" in b for b in bugs(v))
+    (raised,) = [b for b in bugs(v) if "raised RuntimeError: unscale_() has already been called" in b]
+    assert "once per optimizer step" in raised and "after the last micro-batch" not in raised
 
 
 def test_checker_catches_a_loss_not_divided_by_k():
@@ -491,7 +530,7 @@ def test_checker_does_not_blame_the_weights_on_a_disabled_scaler():
     (only,) = bugs(v)
     assert "built without a device" in only
     assert "fixed: the weights end where the reference loop's do" in v.findings
-    broken = "\n".join(bugs(check_clipping_loop(broken_clipping_loop, backward_in_autocast_is_a_bug=False)))
+    broken = "\n".join(bugs(check_clipping_loop(broken_loop_wrapped, backward_in_autocast_is_a_bug=False)))
     assert "disabled GradScaler" not in broken and "once it is on, those gradients are multiplied" in broken
 
 
@@ -531,8 +570,9 @@ def hard_coded_scaler(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5,
 
 def test_checker_catches_a_clip_after_the_step_and_a_hard_coded_device():
     v = check_clipping_loop(clip_after_step, backward_in_autocast_is_a_bug=False)
-    (only,) = bugs(v)
-    assert "24" not in only and "6 of 6 clips ran after scaler.step(opt)" in only
+    late, weights = bugs(v)  # the reference's clip binds on some steps: a clip after the step moves the weights
+    assert "24" not in late and "6 of 6 clips ran after scaler.step(opt)" in late
+    assert "weights moved" in weights and "(the clips after scaler.step(opt))" in weights
     v = check_clipping_loop(hard_coded_scaler, backward_in_autocast_is_a_bug=False)
     (only,) = bugs(v)
     assert "GradScaler('cpu') names its device" in only
@@ -603,3 +643,43 @@ def test_checker_accepts_a_scaler_built_from_the_device(loop):
 def test_checker_wants_a_bool_for_the_question():
     v = check_clipping_loop(fixed_clipping_loop, backward_in_autocast_is_a_bug="False")
     assert not v.passed and "got 'False', a str" in str(v)
+
+
+def clipping_with(clip):
+    """The fixed loop with its clip replaced by ``clip(model, max_norm)``."""
+    def loop(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+        device = next(model.parameters()).device
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device.type)
+        for step in range(steps):
+            for micro in range(accum_steps):
+                x, y = data.batch(step * accum_steps + micro, batch_size)
+                with torch.autocast(device.type, dtype=torch.float16):
+                    loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+                scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            clip(model, max_norm)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+    return loop
+
+
+def test_the_checkers_max_norm_lies_between_the_true_norms_of_its_steps():
+    from amp_lessons.exercises import CHECK_MAX_NORM, _run_clipping_loop
+
+    _, _, log, _, error = _run_clipping_loop(fixed_clipping_loop, 6, 4, 0.5, 32)
+    seen = [c.info["seen"] for c in log.clips]
+    assert error is None and len(seen) == 6
+    assert min(seen) < CHECK_MAX_NORM < max(seen), seen  # the reference clips some steps, not all
+
+
+@pytest.mark.parametrize("clip", [
+    lambda model, max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9),
+    lambda model, max_norm: torch.nn.utils.clip_grad_value_(model.parameters(), max_norm),
+], ids=["a clip that never binds", "clip_grad_value_"])
+def test_checker_refuses_a_clip_other_than_the_given_one(clip):
+    v = check_clipping_loop(clipping_with(clip), backward_in_autocast_is_a_bug=False)
+    assert not v.passed
+    (only,) = bugs(v)
+    assert "weights moved" in only and "the clip is not the given one" in only
