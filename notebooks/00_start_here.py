@@ -92,10 +92,13 @@ print(report.table(width=100))
 #
 # Figures that come out of float kernels (a loss, a timing, a norm) differ by CPU, thread
 # count, torch release and GPU. The lessons print them with a leading `≈` (the matmul rates
-# below). A sentence drawn from such figures is checked in its cell by a **verdict**, its
-# margin in the words: `✓ holds` or `✗ did not hold here`, with the figures it used. One,
-# with a margin: bf16 keeps 7 stored mantissa bits, so it rounds each of these inputs by at
-# most 2^-8 ≈ 0.4% of its value (lesson 01), and the bound is 1%:
+# below), except in a few cells that show only this machine's raw timings and errors. A
+# sentence drawn from such figures is checked in its cell by a **verdict**, which states its
+# margin: `✓ holds` or `✗ did not hold here`, with the figures it used. One: bf16 keeps 7
+# stored mantissa bits, so rounding an input to it moves that input by at most 2^-8 ≈ 0.4%
+# (lesson 01); the product, also rounded to bf16, is asked to stay within 1% of float32's,
+# measured in norm over the whole matrix (single entries can be off by more where terms
+# cancel):
 
 # %%
 from amp_lessons.claims import at_most
@@ -200,7 +203,7 @@ for label, facts in devices.items():
 # > Keep the model's weights in float32 (do not call `model.half()` for training); autocast
 # > handles the casts. *(05)*
 #
-# The card ends with an example, which lesson 02 runs as written.
+# The card ends with a code example, not quoted here, which lesson 02 runs as written.
 #
 # Some of its sentences hold only on some devices. "Softmax, losses, reductions are kept in
 # float32", for one: the cell below traces a few ops on a bf16 tensor under autocast, on the
@@ -369,5 +372,9 @@ print(describe_precision("fp16", "cpu"))
 #   with bfloat16" (cloud.google.com/tpu/docs/bfloat16).
 # - Tensor cores' 16-bit rate against float32's: NVIDIA's A100 datasheet gives 19.5 TFLOPS
 #   for float32, 156 for TF32 and 312 for bf16/fp16 on tensor cores (dense): 16x and 2x.
+# - The compute capabilities in the table (V100 7.0, T4 7.5, A100 8.0, H100 9.0): NVIDIA's
+#   list "CUDA GPU Compute Capability" (developer.nvidia.com/cuda-gpus). AMX in Sapphire
+#   Rapids, the 4th generation of Xeon Scalable processors: Intel's "Intel Advanced Matrix
+#   Extensions (Intel AMX)" overview (intel.com).
 # - A T4 reporting bf16 support by emulation: `torch.cuda.is_bf16_supported` and its
 #   `including_emulation` argument (`torch/cuda/__init__.py`).

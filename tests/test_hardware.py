@@ -131,7 +131,7 @@ def test_the_bench_does_not_say_an_arm_cpu_converts_bf16_in_software(monkeypatch
 
 
 @pytest.mark.parametrize("avx512_bf16, amx, row", [
-    (False, False, "no bf16 instructions (converted to float32 and back)"),
+    (False, False, "no AVX512-BF16 or AMX-BF16 (the measured rate decides)"),
     (True, False, "native instructions (AVX512-BF16 or AMX-BF16)"),
     (True, True, "native instructions (AVX512-BF16 or AMX-BF16)")])
 def test_x86_cpu_rows(monkeypatch, avx512_bf16, amx, row):
@@ -140,7 +140,7 @@ def test_x86_cpu_rows(monkeypatch, avx512_bf16, amx, row):
     assert rows["bfloat16"] == row and "emulated only" not in rows["bfloat16"]
     assert rows["AMX-BF16"] == rows["AMX-FP16"] == ("yes" if amx else "no")
     assert rows["float16"] == ("native instructions (AVX512-FP16 or AMX-FP16)" if amx
-                               else "no fp16 instructions (converted to float32 and back)")
+                               else "no AVX512-FP16 or AMX-FP16 (the measured rate decides)")
     assert "CPU" not in rows  # on a CPU the name row already names it
 
 
@@ -409,9 +409,9 @@ def test_every_function_that_takes_a_precision_parses_it(name):
 # Each device class a learner may be on: its bfloat16 / float16 report rows, and the widget's
 # "used on" line for bf16 and fp16 (lesson 00). A CPU runs both 16-bit types, fast or not.
 CPU_RUNS = "yes: CPU autocast runs it, fast or slow (the report's measured matmul rate says which)"
-CPU_NO_BF16, CPU_NATIVE_BF16 = "no bf16 instructions (converted to float32 and back)", \
+CPU_NO_BF16, CPU_NATIVE_BF16 = "no AVX512-BF16 or AMX-BF16 (the measured rate decides)", \
     "native instructions (AVX512-BF16 or AMX-BF16)"
-CPU_NO_FP16, CPU_NATIVE_FP16 = "no fp16 instructions (converted to float32 and back)", \
+CPU_NO_FP16, CPU_NATIVE_FP16 = "no AVX512-FP16 or AMX-FP16 (the measured rate decides)", \
     "native instructions (AVX512-FP16 or AMX-FP16)"
 EMULATED = ("no: bf16 autocast runs on this GPU only by emulation (pre-Ampere: no bf16 tensor cores), "
             "so the course uses fp16 + GradScaler here")

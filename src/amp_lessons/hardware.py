@@ -180,7 +180,7 @@ class HardwareReport:
             return f"instructions not probed on {self.cpu_arch} (the measured rate decides)"
         if self.bf16_native:
             return "native instructions (AVX512-BF16 or AMX-BF16)"
-        return "no bf16 instructions (converted to float32 and back)"
+        return "no AVX512-BF16 or AMX-BF16 (the measured rate decides)"
 
     def _fp16_row(self, x86: bool) -> str:
         if not self.device.startswith("cpu"):
@@ -189,7 +189,7 @@ class HardwareReport:
             return f"instructions not probed on {self.cpu_arch} (see the measured rate)"
         if self.cpu_fp16_native:
             return "native instructions (AVX512-FP16 or AMX-FP16)"
-        return "no fp16 instructions (converted to float32 and back)"
+        return "no AVX512-FP16 or AMX-FP16 (the measured rate decides)"
 
     def table(self, width: int | None = None) -> str:
         """The report as an aligned two-column text table, one line a row (``doctor``), or with
