@@ -81,7 +81,8 @@ from amp_lessons.show import expect_error
 # (pytorch/pytorch#55585); lesson 03 showed that PyTorch checks the order only at the
 # scheduler's first `step()`, so a later skip goes unwarned. `scheduler_run` runs 4 batches
 # with AdamW and a `StepLR` halving the lr at every step, an inf in batch 0, with and without
-# `fused=True` (GradScaler calls a fused optimizer's `step` even on a skipped step; Sources).
+# `fused=True`. A fused Adam, AdamW or SGD (Adagrad too in torch 2.13, not in 2.11) skips
+# inside its kernel, so GradScaler calls its `step` even on a skipped step (Sources).
 # **Predict** which run warns:
 
 # %%
@@ -178,9 +179,13 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 
 # %% [markdown]
 # Model 2 stepped at its true gradient, yet the scale dropped: one optimizer's inf lowers
-# it for all, so the scale cannot say which optimizer stepped. Step each lr scheduler when
-# its own optimizer did: `opt.register_step_post_hook(fn)` calls `fn` after each step that
-# ran, and a `fused=True` one's skipped steps too: compare its step count (Sources).
+# it for all, so the scale cannot say which optimizer stepped.
+#
+# Step each lr scheduler when its own optimizer did: `opt.register_step_post_hook(fn)`
+# calls `fn` after each step that ran. A fused optimizer's `step` runs on skipped steps too
+# (section 1); with a fused Adam, AdamW or Adagrad, compare its step count
+# (`opt.state[p]["step"]`), which a skipped step leaves unchanged; fused SGD keeps none
+# (Sources).
 #
 # ## 4. "Attempting to unscale FP16 gradients."
 #
@@ -195,10 +200,11 @@ with expect_error(ValueError):
 # %% [markdown]
 # After `model.half()` the weights, and so their gradients, are float16. GradScaler's
 # `unscale_` (which `step` calls when you have not) refuses float16 gradients: it assumes
-# float32 master weights, as the recipe keeps them. (A `fused=True` optimizer never reaches
-# `unscale_`: with it, `model.half()` trains on in float16 without this error.) Lesson 05 shows what `model.half()`
-# costs besides: updates smaller than half a float16 step vanish. The fix is the recipe of
-# lesson 00's card: float32 weights, autocast around the forward.
+# float32 master weights, as the recipe keeps them. (For a fused optimizer, section 1,
+# `step` does not call `unscale_`: only an explicit `scaler.unscale_(opt)`, as in lesson
+# 04's clip, raises this; Sources.) Lesson 05 shows what `model.half()` costs besides:
+# updates smaller than half a float16 step vanish. The fix is the recipe of lesson 00's
+# card: float32 weights, autocast around the forward.
 
 # %%
 print(errors.fix_diff(errors.train_half_model, errors.train_recipe))
@@ -237,8 +243,9 @@ print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 # %% [markdown]
 # Other layers word the same mistake their own way (the index lists them, CUDA's by
 # source). The cell runs three: a `Linear` without a bias; a convolution with one; one
-# without (before a BatchNorm, as in ResNets), with oneDNN off as on a CPU where oneDNN does
-# not take bfloat16 (Sources).
+# without (before a BatchNorm, as in ResNets), with oneDNN off so that every CPU prints the
+# same. By default, a CPU with AVX-512 prints oneDNN's wording instead (the index;
+# Sources).
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -271,12 +278,14 @@ print(errors.overflow_report(*errors.attention(q, k, v, dtype=torch.float16)))
 # weights (the line above), and the loss is NaN too. With a GradScaler, that batch's step
 # is skipped and the scale halved. The scale multiplies only the loss, after the forward, so
 # halving it does not undo an overflow in the forward: an inf on every batch skips every
-# step and the scale falls and falls (lesson 03's `Trainer` stops that). A long reduction
-# outside autocast overflows the same way:
+# step and the scale falls and falls (lesson 03's `Trainer` stops that). A long float16 sum
+# overflows the same way. CPU autocast leaves `sum` in 16 bits, so here it overflows inside
+# autocast too; CUDA autocast runs `sum` in float32 (Sources):
 
 # %%
 ones = torch.ones(70_000, dtype=torch.float16)
-print(ones.sum(), ones.sum(dtype=torch.float32))
+with torch.autocast("cpu", dtype=torch.float16):
+    print(ones.sum(), ones.sum(dtype=torch.float32))
 
 # %% [markdown]
 # Two fixes: bfloat16, whose range is float32's; or keep the sum small, here by dividing
@@ -455,8 +464,8 @@ with expect_error(AssertionError):
 # %% [markdown]
 # `scaler.step(opt)` unscales the optimizer's gradients and records, per device, whether
 # they hold an inf. An optimizer none of whose parameters has a gradient records nothing,
-# and `step` refuses it (a `fused=True` optimizer's is stepped unchecked: Sources). Step
-# only the optimizer whose model had a backward:
+# and `step` refuses it, unless it is fused (section 1; Sources). Step only the optimizer
+# whose model had a backward:
 
 # %%
 print(errors.fix_diff(errors.train_alternating_stepping_both, errors.train_alternating))
@@ -559,25 +568,23 @@ check_loop(errors.schedule_two_optimizers_on_the_scale)
 # | message or symptom | cause | where |
 # |---|---|---|
 # | Detected call of `lr_scheduler.step()` before `optimizer.step()` | the first step was skipped and the scheduler stepped anyway, or the scheduler steps before the optimizer | section 1; lesson 03 |
-# | (none) the schedule a step ahead of the training | a skipped step after the first (any skipped step, with a `fused=True` optimizer), and the scheduler stepped anyway | section 1; lesson 03 |
+# | (none) the schedule a step ahead of the training | a skipped step after the first (any skipped step, with a fused optimizer: section 1), and the scheduler stepped anyway | section 1; lesson 03 |
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | section 2; lesson 04 |
 # | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` between two optimizers' `scaler.step` | section 3 |
 # | (none) a scheduler falls behind its optimizer | schedulers stepped on the shared scale; one model overflowed | section 3 |
 # | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | section 4; lesson 05 |
 # | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | section 5; lesson 02 |
-# | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU) | the same, at a `Linear` without a bias | section 5 |
-# | `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
+# | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
 # | `Input type (c10::BFloat16) and bias type (float) should be the same` (every device, by source) | the same, at a convolution with a bias | section 5 |
-# | `Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same or input should be a MKLDNN tensor ...` (CPU, oneDNN; by source) | the same, at a convolution without a bias | section 5 |
-# | `expected scalar type BFloat16 but found Float` (CPU, native kernel) | the same, at a convolution without a bias | section 5 |
+# | `Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same or input should be a MKLDNN tensor ...` (oneDNN: by default on a CPU with AVX-512); `expected scalar type BFloat16 but found Float` (oneDNN off, or a CPU where it takes no bfloat16) | the same, at a convolution without a bias | section 5 |
 # | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | section 6; lessons 01 and 03 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
 # | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | section 8; lesson 03 |
 # | (none) the first steps skipped, then a penalty S times too large | a gradient penalty from scaled gradients | section 9 |
 # | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | section 10; lesson 02 |
-# | (none) bf16 "supported" on a T4, yet emulated: slow (and a bfloat16 depthwise convolution failing in one project's CI) | `is_bf16_supported()` counts emulation | section 11; lesson 00 |
-# | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on a non-fused optimizer whose parameters have no gradients | section 12 |
+# | (none) bf16 "supported" on a T4, yet emulated: slow | `is_bf16_supported()` counts emulation | section 11; lesson 00 |
+# | `No inf checks were recorded for this optimizer.` | `scaler.step(opt)` on an optimizer whose parameters have no gradients (not a fused one: section 1) | section 12 |
 # | `expected scalar type BFloat16 but found Float` (CPU; CUDA's wording not checked) | one op's inputs in two dtypes (a `.to(torch.bfloat16)` model, float32 class weights) | section 12 |
 # | `Current CUDA Device does not support bfloat16. Please switch dtype to float16.` | bf16 CUDA autocast where `is_bf16_supported()` is False | section 12 |
 #
@@ -585,7 +592,7 @@ check_loop(errors.schedule_two_optimizers_on_the_scale)
 #
 # - Step each lr scheduler only after its own optimizer stepped (one optimizer: the scale
 #   did not drop; several: ask each). Stepped after it, the warning comes only when the
-#   *first* step is skipped, never with a `fused=True` optimizer.
+#   *first* step is skipped.
 # - `unscale_` once per optimizer step, after the last backward; `scaler.step(opt)` for
 #   each optimizer, then `scaler.update()` once, after the last.
 # - Keep float32 weights with a GradScaler; let autocast do the casting, and keep a
@@ -627,32 +634,31 @@ check_two_model_loop(my_loop)
 #
 # What this lesson says of PyTorch that no cell runs on this machine:
 #
-# - `get_scale()` copies the scale with `.item()`, `step` raises "No inf checks were
-#   recorded" when a non-fused optimizer recorded none, and calls a `fused=True` optimizer's
-#   `step` at every step, before that check: `torch/amp/grad_scaler.py`.
-# - CUDA autocast runs `sum` in float32 (`AT_FORALL_FP32_SET_OPT_DTYPE`,
-#   `aten/src/ATen/autocast_mode.h`), the op of a `Linear`'s bias gradient.
+# - `torch/amp/grad_scaler.py`: `get_scale()` copies the scale with `.item()`; `step` calls
+#   a fused optimizer's `step` (one marked `_step_supports_amp_scaling`: Adam, AdamW, SGD,
+#   and Adagrad in 2.13, not 2.11) at every step, without `unscale_`, the one path that
+#   refuses float16 gradients, and before the check that raises "No inf checks were recorded".
+# - Step post-hooks run after each step that ran (`torch/optim/optimizer.py`); fused Adam,
+#   AdamW and Adagrad take their step count back on an inf (`_fused_adam`, `_fused_adagrad`
+#   in `torch/optim/`).
 # - CUDA's wording of the bias-free matmul dtype mismatch: `addmm_out_cuda_impl` in
-#   `aten/src/ATen/native/cuda/Blas.cpp`.
-# - "Current CUDA Device does not support bfloat16", and "CUDA is not available or
-#   torch_xla is imported. Disabling autocast." (the same words in torch 2.11 and 2.13):
-#   `torch/amp/autocast_mode.py` (`autocast.__init__`); `is_bf16_supported` and its
-#   emulation test: `torch/cuda/__init__.py`; the error on a V100 in an older release:
-#   karpathy/nanoGPT#277.
-# - CUDA autocast refuses `binary_cross_entropy`: `aten/src/ATen/autocast_mode.cpp` (its
-#   banned list) and the Autocast Op Reference in `docs/source/amp.md`; pytorch/pytorch#61098.
-# - bf16 on a T4: pytorch/pytorch#148322; bf16 arithmetic through float32 below compute
-#   capability 8.0: CUDA's `cuda_bf16.hpp`; a bfloat16 depthwise `Conv2d` failing in cuDNN
-#   on a T4: huggingface/diffusers#14688. In `aten/src/ATen/native/Convolution.cpp`,
-#   `use_cudnn` takes bfloat16 only from compute capability 8.0, `use_cudnn_depthwise` takes
-#   a channels_last depthwise one without that test, and `conv1d`/`conv2d`/`conv3d` check
-#   the bias's dtype before any backend is chosen. Without a bias, a CPU's bfloat16 input
-#   goes to oneDNN where `mkldnn_bf16_device_check()` allows it (`use_mkldnn`), and oneDNN's
-#   check is `check_input_same_type_as_parameters`, in the same file.
-# - Step post-hooks run after each step that ran (`torch/optim/optimizer.py`).
+#   `aten/src/ATen/native/cuda/Blas.cpp`. A `Linear` with a bias on 2-D input calls `addmm`
+#   (`aten/src/ATen/native/Linear.cpp`), whose dtype check runs for every device before its
+#   kernel: `ADDMM_META`, `TORCH_META_FUNC(addmm)`, `aten/src/ATen/native/LinearAlgebra.cpp`.
+# - In `aten/src/ATen/native/Convolution.cpp`, `conv1d`/`conv2d`/`conv3d` check the bias's
+#   dtype before any backend is chosen; without a bias, a CPU's bfloat16 input goes to
+#   oneDNN (`use_mkldnn`) where `mkldnn_bf16_device_check()` allows it (AVX-512 BW, VL and
+#   DQ, or AVX-NE-CONVERT: `aten/src/ATen/native/mkldnn/Utils.h`), whose check is
+#   `check_input_same_type_as_parameters`.
+# - CUDA autocast runs `sum` in float32 (`AT_FORALL_FP32_SET_OPT_DTYPE`,
+#   `aten/src/ATen/autocast_mode.h`) and refuses `binary_cross_entropy` (its banned list in
+#   `aten/src/ATen/autocast_mode.cpp`; the Autocast Op Reference in `docs/source/amp.md`).
 # - `F.scaled_dot_product_attention`'s math path multiplies q and k by the square root of
 #   the scale each, before the matmul: `_scaled_dot_product_attention_math` in
 #   `aten/src/ATen/native/transformers/attention.cpp`.
-# - A `Linear` with a bias on 2-D input calls `addmm` (`aten/src/ATen/native/Linear.cpp`),
-#   whose dtype check runs for every device before its kernel: `ADDMM_META`,
-#   `TORCH_META_FUNC(addmm)`, `aten/src/ATen/native/LinearAlgebra.cpp`.
+# - "CUDA is not available or torch_xla is imported. Disabling autocast." and "Current CUDA
+#   Device does not support bfloat16" (the same words in torch 2.11 and 2.13):
+#   `torch/amp/autocast_mode.py` (`autocast.__init__`); `is_bf16_supported` and its
+#   emulation test: `torch/cuda/__init__.py`.
+# - bf16 arithmetic through float32 below compute capability 8.0: CUDA's `cuda_bf16.hpp`;
+#   the depthwise `Conv2d` on a T4: huggingface/diffusers#14688.

@@ -95,6 +95,20 @@ def test_half_model_with_a_scaler_raises_and_the_recipe_runs():
     assert scaler.is_enabled() and all(p.dtype == torch.float32 for p in model.parameters())
 
 
+def test_a_fused_optimizer_trains_a_half_model_until_unscale_is_called():
+    """Lesson 06, section 4: step does not call unscale_ for fused=True; an explicit one raises."""
+    model = errors.tiny_model().half()
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.1, fused=True), torch.amp.GradScaler("cpu")
+    for x, y in errors.tiny_batches():
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.cross_entropy(model(x.half()), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    with pytest.raises(ValueError, match=r"^Attempting to unscale FP16 gradients\.$"):
+        scaler.unscale_(opt)
+
+
 @pytest.mark.parametrize("dtype, name", [(torch.bfloat16, "BFloat16"), (torch.float16, "Half")])
 def test_autocast_edge(dtype, name):
     body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())

@@ -345,7 +345,8 @@ def head_outside_autocast(body, head, x, dtype=torch.bfloat16):
 def without_onednn():
     """Inside, CPU convolutions do not use oneDNN (``torch.backends.mkldnn.enabled`` False),
     as on a CPU where oneDNN takes no bfloat16 (``use_mkldnn`` in
-    ``aten/src/ATen/native/Convolution.cpp``). Restored on exit (lesson 06, section 5)."""
+    ``aten/src/ATen/native/Convolution.cpp``), so every CPU prints the native kernel's
+    message. Restored on exit (lesson 06, section 5)."""
     saved = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
     try:

@@ -400,11 +400,12 @@ def scheduler_unguarded(ctx: Context):
             yield e.line, (f"{receiver or 'scheduler'}.step() runs even when GradScaler skipped the optimizer "
                            "step, and the schedule moves on a step ahead of the training; PyTorch warns "
                            "('Detected call of `lr_scheduler.step()` before `optimizer.step()`') only when "
-                           "the first step is skipped, and never for a fused=True optimizer. Step it only "
-                           "after a step that ran: with one optimizer, when scaler.get_scale() did not "
-                           "drop; with several on one scaler, when its own optimizer stepped "
-                           "(optimizer.register_step_post_hook, which a fused=True optimizer's skipped "
-                           "steps fire too: compare its step count instead)")
+                           "the first step is skipped, and never for a fused=True Adam, AdamW or SGD. Step "
+                           "it only after a step that ran: with one optimizer, when scaler.get_scale() "
+                           "did not drop; with several on one scaler, when its own optimizer stepped "
+                           "(optimizer.register_step_post_hook; a fused=True optimizer's skipped steps "
+                           "may fire it too: with Adam, AdamW or Adagrad, compare state['step'] "
+                           "instead)")
 
 
 def scheduler_guard_unread(ctx: Context):
