@@ -21,8 +21,8 @@
 # and **e5m2**. Their range is short: cast as they are, e4m3 flushes most of this network's
 # gradients to zero, e5m2 fewer (below; how many depends on the batch and the loss).
 # So recipes multiply every tensor by a *scale* first, chosen so that its largest value
-# lands on the format's largest value (or, in power-of-two recipes, within a factor of 2
-# below it). That is lesson 03's loss scale again, with two
+# lands on the format's largest value (or, in recipes that round the scale down to a
+# power of two, within a factor of 2 below it). That is lesson 03's loss scale again, with two
 # differences: in the recipe this lesson builds, it is computed from the tensor itself
 # rather than searched for, and every tensor (or every row) gets its own.
 #
@@ -284,8 +284,9 @@ print(amp_lessons.claims.at_most("dequantized, the gradient is back within half 
 
 # %% [markdown]
 # The scale comes from the tensor being cast (*current*, or dynamic, scaling, as everywhere
-# in this lesson), so the largest value lands on 448 by construction and nothing can
-# overflow. *Delayed* scaling (NVIDIA Transformer Engine's `DelayedScaling` recipe) takes
+# in this lesson), so the largest value lands on 448 by construction (for an amax above the
+# 1e-12 floor that keeps an all-zero tensor's scale finite; below it, under 448) and nothing
+# can overflow. *Delayed* scaling (NVIDIA Transformer Engine's `DelayedScaling` recipe) takes
 # the amax from earlier steps instead; a tensor larger than they were can overflow, which
 # is why its cast must saturate. **Predict** the census now:
 
@@ -563,9 +564,9 @@ print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_s
 #   powers of two. e5m2 (here for gradients) has fp16's exponent and 2 mantissa bits, but
 #   subnormals only to 2^-16. Unscaled, e4m3 flushed most of this network's gradients
 #   (batch 64, a mean loss; a summed loss or a batch of 16 flushed fewer).
-# - With current scaling, each tensor gets `scale = fmt.max / amax` of itself, every step:
-#   nothing overflows, and only values far below the largest one flush. Per-row scales
-#   flush no more. Delayed scaling reuses past amaxes and can overflow.
+# - With current scaling, each tensor gets `scale = fmt.max / amax` of itself (amax floored
+#   at 1e-12), every step: nothing overflows, and only values far below the largest one
+#   flush. Per-row scales flush no more. Delayed scaling reuses past amaxes and can overflow.
 # - `torch._scaled_mm` is dequantize-then-matmul (on this CPU up to float32 rounding). The
 #   weights, the optimizer and the output stay in high precision.
 #
@@ -588,11 +589,11 @@ print(inspect.getsource(row_scale_as_given))
 
 # %% [markdown]
 # Copy it into the cell below as `def my_row_scale(x, name="fp8_e4m3"):` and fix it. The
-# checker runs it in e4m3 and e5m2 on exact rows such as a backward pass holds, from 2^-36
-# to 2^5, an outlier, sparse ones (one all zeros), one bf16 cannot hold, one at 2^-124, and
-# once all in bf16. Every row needs a finite positive scale, the all-zero row included, and
-# the scale is exact, `max / amax`, wherever float32 holds that. As given, it checks the
-# function above:
+# checker runs it in e4m3 and e5m2 on exact rows such as a backward pass holds, scaled by
+# 2^-36 to 2^5, an outlier, sparse ones (one all zeros), one bf16 cannot hold, one at
+# 2^-124, and once all in bf16. Every row needs a finite positive scale, the all-zero row
+# included; on the rows with nonzero values, except the 2^-124 one, the scale must be exact,
+# `max / amax`. As given, it checks the function above:
 
 # %%
 my_row_scale = row_scale_as_given  # replace with your own: def my_row_scale(x, name="fp8_e4m3"): ...
@@ -607,9 +608,11 @@ check_row_scale(my_row_scale)
 # - The `fn` suffix: ml_dtypes' README (`float8_e4m3fn`), after LLVM's `APFloat.h`
 #   (`Float8E4M3FN`).
 # - The e4m3 cast's overflow: `fp8e4m3fn_from_fp32_value`, `torch/headeronly/util/Float8_e4m3fn.h`:
-#   NaN in torch 2.11, 448 in 2.13 (pull request 178817). CUDA 13.2+ builds' `cuda/Copy.cu`
-#   (pull request 177870) saturate a float32 source (`__NV_SATFINITE`) before 2.13 too; fp16
-#   and bf16 sources keep torch's conversion. `torch.compile`'s rule is not probed here.
+#   NaN in torch 2.11, 448 in 2.13 (pull request 178817). On CUDA, `cuda/Copy.cu` at commit
+#   007aa8a (pull request 177870), built with CUDA 13.2 or newer, converts a float32 source
+#   with `__nv_cvt_float_to_fp8(..., __NV_SATFINITE, __NV_E4M3)`, which saturates (CUDA's
+#   `cuda_fp8.hpp`: an instruction from sm_89, software below it); fp16 and bf16 sources
+#   keep torch's own conversion at that commit. `torch.compile`'s rule is not probed here.
 # - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`. Layout: its
 #   `_scaled_gemm` (commit 2bec3bd, for every GPU; at commit 0174dfab only where
 #   `scaled_mm_arch_allowed(sm90_only)` holds, `major == 9` in `ScaledBlasDeviceUtils.cpp`,
