@@ -212,7 +212,7 @@ print(at_least("with the default eps the weighted run ends at least 0.01 above t
 # So the weight costs the fp32 run some loss, all of it through `eps`; the four runs above
 # share that cost. fp16 alone falls behind, and through the whole run more of its gradients
 # are exactly zero than fp32's (checked above). With a GradScaler, fp16 follows fp32; so
-# does bf16, with no scaler at all.
+# does bf16 (where this device runs it), with no scaler at all.
 #
 # ## GradScaler, line by line
 #
@@ -233,7 +233,7 @@ print(f"loss {measured(loss.item(), '.4e')} x scale {scaler.get_scale():g} = {me
 print("scale(loss) is the loss times the scale, exactly:", scaled.item() == loss.item() * scaler.get_scale())
 
 # %% [markdown]
-# `backward()` runs on the scaled loss (outside autocast, as the card says), so every gradient comes out
+# `backward()` runs on the scaled loss (outside autocast), so every gradient comes out
 # multiplied by the scale, high enough in fp16's range to survive. `unscale_` divides
 # them by the scale again, in float32, in place:
 
@@ -346,9 +346,10 @@ print(at_least("the largest gradient times 65536 is above fp16's largest value, 
 
 # %% [markdown]
 # So GradScaler starts high (`init_scale=65536`) and halves on each overflow until the
-# gradients fit: a skipped first step or two is normal and costs nothing but the step. (Later,
-# as the gradients change, a step can overflow again; the scale halves once more. The
-# explorer below shows it.)
+# gradients fit: a skipped first step or two is normal and costs nothing but the step, in a
+# loop that steps its lr scheduler only on applied steps (below). (Later, as the gradients
+# change, a step can overflow again; the scale halves once more. The explorer below shows
+# it.)
 # A scale that keeps halving, step after step, is not normal: most likely the loss or its
 # gradients are inf/NaN at any scale. Here every step's loss is made inf: **predict** how the
 # `Trainer` ends this run.
@@ -369,7 +370,7 @@ print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW
 # the steps overflow (`update()` multiplies by `backoff_factor` with no lower bound:
 # `_amp_update_scale_` in `aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`, and
 # `aten/src/ATen/native/cuda/AmpKernels.cu` on CUDA). In your own loop, the same check is
-# two lines after `scaler.update()`:
+# one line after `scaler.update()`:
 # `if scaler.get_scale() < floor: raise RuntimeError(...)`. `get_scale()` copies the scale to
 # the CPU, a CPU-GPU sync on CUDA (its docstring says so): read it once per step and keep
 # the value.
@@ -495,9 +496,10 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   halves the scale after it and doubles it after `growth_interval` clean steps.
 # - A skipped step leaves the weights and the optimizer's step count as they were: with one
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
-# - bf16 has float32's range: this network's gradients lose none to it (the few values it
-#   makes 0, counted above, lie above its smallest normal), and need no scaler. A cast to bf16 too rounds to 0 at or
-#   below half its smallest subnormal (that subnormal is 9.2e-41, printed above).
+# - bf16 has float32's range: this network's gradients lose none to it (what it makes 0,
+#   counted above where this device runs bf16, lies above its smallest normal), and need no
+#   scaler. A cast to bf16 too rounds to 0 at or below half its smallest subnormal (that
+#   subnormal is 9.2e-41, printed above).
 #
 # ## Watch out
 #
