@@ -189,6 +189,20 @@ def test_setup_checker_explains_half_with_a_scaler_and_a_scaler_without_device()
         assert "GradScaler that does not scale" not in text
 
 
+def test_setup_checker_refuses_a_scaler_whose_scale_lifts_nothing():
+    def never_scales(device_type, growth_interval=10**9):
+        model = mlp(64, 64, 10).to(device_type)
+        scaler = torch.amp.GradScaler(device_type, init_scale=1.0, growth_interval=growth_interval)
+        return model, torch.optim.Adam(model.parameters()), scaler, torch.float16
+
+    for interval in (10**9, 2000):
+        verdict = check_setup(lambda d, n=interval: never_scales(d, n), "cpu", steps=2)
+        text = str(verdict)
+        assert not verdict.passed and "starts at scale 1: a loss multiplied by at most 1" in text
+        assert f"only after {interval:,} steps" in text and "Keep the default init_scale" in text
+        assert "right: float16 with a GradScaler" not in text
+
+
 def test_setup_checker_names_an_optimizer_built_on_another_model():
     def other_params(device_type):
         model = mlp(64, 64, 10).to(device_type)

@@ -179,6 +179,19 @@ def test_a_doubled_batch_costs_only_its_activations_and_the_fit_is_exact():
     assert cost.peak_line().startswith("peak memory of a whole step: GPU only (on cpu")
 
 
+def test_on_a_gpu_with_tf32_the_memory_cells_compare_only_the_16_bit_precisions():
+    from amp_lessons.measure import doubled_batch
+    from amp_lessons.precision import sixteen_bit
+
+    runs = ["fp32", "tf32", "bf16", "fp16"]  # what a GPU with TF32 runs (lesson 05's result.runs)
+    assert sixteen_bit(runs) == ["bf16", "fp16"]
+    assert sixteen_bit(["fp32", "tf32"]) == [] and sixteen_bit(["half", "fp32"]) == ["fp16"]
+    cost = doubled_batch(mlp(32, 64, 10, depth=2), torch.randn(16, 32), torch.randint(0, 10, (16,)),
+                         sixteen_bit(runs))
+    assert list(cost.rows) == ["fp32", "bf16", "fp16"]
+    assert [line.split(", ")[1].split()[0] for line in cost.fits_lines()] == ["bf16", "fp16"]
+
+
 def test_where_weight_copies_outweigh_the_saving_16_bit_fits_a_smaller_batch():
     from amp_lessons.measure import doubled_batch
 

@@ -713,8 +713,8 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     """Check ``setup(device_type) -> (model, optimizer, scaler, dtype)`` for mixed precision.
 
     The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
-    (and, where they are 16-bit, what that does to Adam), the GradScaler (on, and for the
-    right device); then trains ``steps`` steps on the digits with the card's recipe and
+    (and, where they are 16-bit, what that does to Adam), the GradScaler (on, for the
+    right device, and starting at a scale above 1); then trains ``steps`` steps on the digits with the card's recipe and
     looks for inf/NaN weights and losses and for weights that never moved; an optimizer that holds not
     all of the model's parameters (or other tensors) is named. Used in 05.
     """
@@ -759,6 +759,11 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     elif dtype == torch.float16 and not scaler.is_enabled():
         bug("float16 with a GradScaler that does not scale (scaler.is_enabled() is False): small "
             "gradients flush to zero")
+    elif dtype == torch.float16 and scaler.get_scale() <= 1:
+        bug(f"the GradScaler starts at scale {scaler.get_scale():g}: a loss multiplied by at most 1 lifts "
+            "no small gradient out of float16's flush to zero, and it grows only after "
+            f"{scaler.get_growth_interval():,} steps without overflow. Keep the default init_scale "
+            "(2.0**16): GradScaler starts high and lowers the scale where gradients overflow")
     elif dtype == torch.float16:
         findings.append("right: float16 with a GradScaler")
     elif scaler.is_enabled():

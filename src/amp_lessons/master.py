@@ -216,12 +216,12 @@ class HalfAdam:
 
     def line(self) -> str:
         """Inf/NaN weights and the largest finite weight change after each step (float16
-        kernels' figures, marked ``≈``)."""
+        kernels' figures, marked ``≈``; ``nan`` where no weight is finite)."""
         if self.error:
             return f"{self.implementation:<9} not run: {self.error}"
         bad = " ".join(f"{measured(v, ','):>7}" for v in self.nonfinite)
-        # where every weight is inf/NaN there is no finite change: nan (masked like any ≈ figure)
-        moved = " ".join(f"{measured(math.nan if bad == self.n_weights else v, '.2g'):>7}"
+        # where every weight is inf/NaN there is no finite change: nan, not a measured figure
+        moved = " ".join(f"{'nan' if bad == self.n_weights else measured(v, '.2g'):>7}"
                          for v, bad in zip(self.largest_change, self.nonfinite))
         return f"{self.implementation:<9} inf/NaN {bad}   largest change {moved}"
 

@@ -47,6 +47,12 @@ def uses_autocast(precision) -> bool:
     return parse_precision(precision) in ("bf16", "fp16")
 
 
+def sixteen_bit(precisions) -> list[str]:
+    """The 16-bit precisions among ``precisions`` (bf16, fp16), in their order: tf32 keeps
+    float32 tensors, so its memory is fp32's. Used in 05's memory cells."""
+    return [p for p in map(parse_precision, precisions) if uses_autocast(p)]
+
+
 def needs_scaler(precision) -> bool:
     """Only fp16 needs a GradScaler: its narrow range flushes small gradients (lesson 03)."""
     return parse_precision(precision) == "fp16"
