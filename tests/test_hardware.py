@@ -244,6 +244,8 @@ def test_no_cuda_picks_cpu_and_refuses_cuda(monkeypatch):
         pick_device("cuda")
     with pytest.raises(DeviceUnavailableError, match="only: cpu"):
         hardware_report("cuda")
+    with pytest.raises(ValueError, match="device must be one of auto, cpu; got 9223372036854775808"):
+        pick_device(2**63)  # torch.device's own overflow, said in the course's words
 
 
 def test_gpu_preferred_and_index_checked(monkeypatch):

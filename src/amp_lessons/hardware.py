@@ -50,7 +50,7 @@ def pick_device(requested=None) -> torch.device:
         return torch.device(have[0])
     try:
         device = torch.device(requested)
-    except (RuntimeError, TypeError) as err:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as err:  # 2**63 overflows its index
         raise ValueError(f"device must be one of auto, {', '.join(have)}; got {requested!r}") from err
     if device.type not in have:
         raise DeviceUnavailableError(
