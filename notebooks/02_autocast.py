@@ -281,8 +281,8 @@ print(probe_table(["cross_entropy(x, y)", "softmax(x, dtype=x.dtype)"], dtype, w
 # - on CUDA, calls that pass an explicit `dtype=` to an op of the `fp32_set_opt_dtype`
 #   policy.
 #
-# The AMP docs ("Op Eligibility") say the last of every device, but a CPU has no such
-# policy: `prod` is on its float32 list, so autocast casts the input up, and the named
+# The AMP docs ("Op Eligibility") state the last rule for every device, but a CPU has no
+# such policy: `prod` is on its float32 list, so autocast casts the input up, and the named
 # dtype makes the result 16-bit again (the last line; MPS does the same, below). Each,
 # traced next to a call that autocast does handle (`exp` is on CUDA's float32 list and on
 # no CPU list, so on a CPU both `exp` rows are alike):
@@ -342,10 +342,10 @@ with expect_error(RuntimeError):
 
 # %% [markdown]
 # Disabling autocast does not cast anything back: `h` is still 16-bit, the weight is
-# float32, and the matmul refuses to mix them.
-# Single-input ops do not: a softmax over `h` there, the very op the region was for, runs
-# in 16-bit without a word. The region needs
-# an explicit `.float()` on every tensor that comes in from the autocast region:
+# float32, and the matmul refuses to mix them. Not every op refuses: a softmax over `h`
+# there, the very op the region was for, runs in 16-bit without a word, and so does a
+# `LayerNorm` with float32 weights (below). The region needs an explicit `.float()` on
+# every tensor that comes in from the autocast region:
 
 # %%
 with torch.autocast(device, dtype=dtype):
@@ -353,6 +353,7 @@ with torch.autocast(device, dtype=dtype):
     with torch.autocast(device, enabled=False):
         print("softmax(h):", torch.softmax(h, -1).dtype, "| softmax(h.float()):",
               torch.softmax(h.float(), -1).dtype)
+        print("LayerNorm, float32 weights, on h:", nn.LayerNorm(h.shape[-1]).to(device)(h).dtype)
         out = head(h.float())
 print("head(h.float()):", out.dtype)
 
@@ -496,7 +497,8 @@ print("out", out.dtype, "| a.grad", a.grad.dtype, "| b.grad", b.grad.dtype)
 # For an op that must run in float32 (a kernel written only for float32, say),
 # `custom_fwd(device_type=..., cast_inputs=torch.float32)` does what the `enabled=False`
 # section did by hand, when called inside an autocast region (outside one it does nothing):
-# it casts the floating-point inputs to float32 and runs `forward` with autocast off.
+# it casts the floating-point tensors among its inputs on that device type to float32
+# (float64 ones excepted) and runs `forward` with autocast off.
 # Traced under autocast with a 16-bit input:
 
 # %%
@@ -582,8 +584,9 @@ check_dtype_predictions(predictions, trace_model(net, images, labels, nll, dtype
 #
 # - The autocast lists of each device type, `binary_cross_entropy`'s ban on CUDA, and the
 #   `promote` (CPU: `cat`, `stack`, `index_copy`; CUDA: `dot`, `cross` and others) and
-#   `fp32_set_opt_dtype` policies: `aten/src/ATen/autocast_mode.cpp` (the `AutocastCUDA`,
-#   `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP docs' "Autocast
+#   `fp32_set_opt_dtype` policies: `aten/src/ATen/autocast_mode.cpp` (CUDA's block is
+#   registered under the key `Autocast`, `AutocastCUDA`'s alias in `c10/core/DispatchKey.h`;
+#   the `AutocastCPU` and `AutocastMPS` blocks) and `autocast_mode.h`; the AMP docs' "Autocast
 #   Op Reference" (`docs/source/amp.md`).
 # - The calls autocast skips (in-place, `out=`, float64, an explicit `dtype=`): "Op
 #   Eligibility" in `docs/source/amp.md`, which says it of every device (`prod` on the

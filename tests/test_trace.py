@@ -771,6 +771,10 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
     assert f"[it ran in {short(dtype)}]" in revealed.findings[0]
     other = "fp16" if dtype == torch.bfloat16 else "bf16"
     assert not check_dtype_predictions(dict(right, gelu=other), tr).passed
+    (swapped,) = [f for f in check_dtype_predictions(dict(right, convolution=other), tr).findings
+                  if f.startswith("convolution")]  # the right family, the other 16-bit dtype
+    assert "A 16-bit dtype, yes; which one did this run ask autocast for?" in swapped
+    assert "lists" not in swapped and short(dtype) not in swapped
     unanswered = check_dtype_predictions(dict.fromkeys(right, "?"), tr)
     assert not unanswered.passed and all("no prediction yet" in f for f in unanswered.findings)
     for guess in ("fp61", "fp64", torch.float64):  # fp64 is a dtype, just not an answer here

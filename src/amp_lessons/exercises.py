@@ -193,7 +193,12 @@ def check_dtype_predictions(predictions: dict, trace, reveal: bool = False,
             findings.append(f"{op}: {got}, right (rule {records[0].rule})")
             continue
         passed = False
-        finding = problem or _rule_hint(op, records[0], trace.where)
+        sixteen = (torch.float16, torch.bfloat16)
+        if problem is None and predicted in sixteen and actual <= set(sixteen):  # the other 16-bit dtype
+            finding = (f"{op}: not yet. A 16-bit dtype, yes; which one did this run ask autocast for? "
+                       "(the autocast context's dtype)")
+        else:
+            finding = problem or _rule_hint(op, records[0], trace.where)
         findings.append(finding + (f" [it ran in {got}]" if reveal else ""))
     return Verdict(passed, findings)
 
