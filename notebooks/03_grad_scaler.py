@@ -285,14 +285,19 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 #
 # GradScaler does not say so: `step` calls `optimizer.step()` only when no inf was found,
 # with no warning or log otherwise (`_maybe_opt_step` in `torch/amp/grad_scaler.py`; the
-# cell below records warnings around a skipped step). A fused optimizer (`fused=True`) is the
-# exception: GradScaler calls its `step()` every time and the optimizer skips the update
-# itself (`_step_supports_amp_scaling`, same file; fused Adam takes `found_inf` back off its
-# step count, `_fused_adam` in `torch/optim/adam.py`). Three signs, all readable in your own
-# loop (the cell below shows them for a plain AdamW): the scale after `update()` is lower
-# than before it (with one optimizer per scaler; with several, a lower scale does not say
-# which one skipped); the optimizer's own step count (Adam's `state[p]["step"]`) did not
-# move; the weights did not change.
+# cell below records warnings around a skipped step). Three signs, all readable in your own
+# loop (the cell below shows them for a plain AdamW):
+#
+# - the scale after `update()` is lower than before it (with one optimizer per scaler; with
+#   several, a lower scale does not say which one skipped);
+# - the optimizer's own step count (Adam's `state[p]["step"]`) did not move;
+# - the weights did not change.
+#
+# A fused optimizer (`fused=True` Adam, AdamW or SGD in torch 2.11 and 2.13; Adagrad too in
+# 2.13) is the exception to the first sentence: GradScaler calls its `step()` every time,
+# and the optimizer skips the update itself (`_step_supports_amp_scaling`, read in
+# `grad_scaler.py`, set in `torch/optim/adam.py`, `sgd.py` and, in 2.13, `adagrad.py`; fused
+# Adam takes `found_inf` back off its step count, `_fused_adam` in `torch/optim/adam.py`).
 
 # %%
 from amp_lessons.training import History
@@ -410,8 +415,8 @@ print(textwrap.fill("the warning: " + first[0], 90))
 
 # %% [markdown]
 # One warning, in the first run only: PyTorch checks the order once, at the scheduler's
-# first step, when `optimizer.step()` has not run yet (a `fused=True` optimizer's `step()`
-# runs even on a skipped step, so it never warns). A step skipped later moves the
+# first step, when `optimizer.step()` has not run yet (the fused optimizers above have
+# their `step()` run even on a skipped step, so they never warn). A step skipped later moves the
 # schedule on with no warning at all, and each skipped step moves the warm-up or the decay
 # on for an update that never happened. Step the scheduler only after a step that was not
 # skipped (the signs above tell which), as the `Trainer` does.
