@@ -95,31 +95,35 @@ print(report.table(width=100))
 # below), except in a few cells that show only this machine's raw timings and errors. A
 # sentence drawn from such figures is checked in its cell by a **verdict**, which states its
 # margin: `✓ holds` or `✗ did not hold here`, with the figures it used. One: bf16 keeps 7
-# stored mantissa bits, so rounding an input to it moves that input by at most 2^-8 ≈ 0.4%
-# (lesson 01); the product, also rounded to bf16, is asked to stay within 1% of float32's,
-# measured in norm over the whole matrix (single entries can be off by more where terms
-# cancel):
+# stored mantissa bits, so rounding a normal float32 value to it moves that value by at most
+# 2^-8 ≈ 0.4% (lesson 01); the product, also rounded to bf16, is asked to stay within 1% of
+# float32's, measured in norm over the whole matrix. Single entries can be off by more, where
+# their terms cancel (the second line):
 
 # %%
-from amp_lessons.claims import at_most
+from amp_lessons.claims import at_least, at_most
 
 a = torch.randn(64, 64)
 exact = a @ a
 with torch.autocast("cpu", dtype=torch.bfloat16):
-    error = ((a @ a).float() - exact).norm() / exact.norm()  # relative, over the whole matrix
+    got = (a @ a).float()
+error = (got - exact).norm() / exact.norm()  # relative, over the whole matrix
 print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in norm over the whole matrix",
               error, 0.01, ".2g"))
+worst = ((got - exact).abs() / exact.abs())[exact != 0].max()  # entry by entry
+print(at_least("some single entry is off by more than 1%", worst, 0.01, ".2g"))
 
 # %% [markdown]
 # ## What decides the precision
 #
-# - **a GPU**: its compute capability. An A100's tensor cores run bf16 and fp16 matmuls at
-#   16x its plain float32 rate, 2x its TF32 rate (its datasheet, Sources).
+# - **a GPU**: its compute capability. An A100's tensor cores peak at 16x its plain float32
+#   rate in bf16 and fp16 matmuls, 2x its TF32 rate (its datasheet's dense peak figures,
+#   Sources).
 # - **bf16, native or emulated**: a T4 (compute capability 7.5) *reports* bf16 support
 #   through `torch.cuda.is_bf16_supported()`, but only by emulation: bf16 tensor cores start
 #   at compute capability 8.0 (Sources), and `is_bf16_supported(including_emulation=False)`
 #   says False there.
-# - **a CPU**: its measured rates. torch's source gives the instruction sets its oneDNN
+# - **a CPU**: its measured bf16 rate. torch's source gives the instruction sets its oneDNN
 #   matmul needs for a 16-bit path (Sources), not that path's speed, so the report times a
 #   256 x 256 matmul per precision.
 #
@@ -247,8 +251,9 @@ print(check("torch's bf16 sum is the float64 sum rounded once to bf16, which nei
 #
 # TF32 is not a dtype but a way of multiplying float32 matrices with 10 stored mantissa
 # bits, which NVIDIA's tensor cores do from Ampere on; `set_float32_matmul_precision("high")`
-# asks for it. Its docstring says it affects only CUDA; on a CPU, torch's oneDNN matmul
-# takes a tf32 path only where the CPU has AMX-FP16 (`Matmul.cpp`, Sources). **Predict**,
+# asks for it. Its docstring says it affects only CUDA, yet in torch 2.13 the same call also
+# sets oneDNN's float32 matmul precision (Sources); on a CPU, oneDNN's matmul takes a tf32
+# path only where the CPU has AMX-FP16 (`Matmul.cpp`, Sources). **Predict**,
 # from the report's AMX-FP16 row: does `"high"` change a float32 matmul's result here?
 
 # %%
@@ -308,8 +313,8 @@ with expect_error(ValueError):
 #
 # Lessons 00, 01, 02 and 03 have widgets: controls wired to the functions the cells call, which
 # redraw when moved in a running notebook (JupyterLab or Colab). Click a precision: the text
-# shows the dtype autocast computes in, whether a GradScaler is needed, and whether the course
-# uses it on this device.
+# shows the dtype autocast computes in, whether the course pairs it with a GradScaler, and
+# whether the course uses it on this device.
 
 # %%
 from amp_lessons.widgets import precision_picker

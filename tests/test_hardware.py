@@ -140,7 +140,7 @@ def test_x86_cpu_rows(monkeypatch, avx512_bf16, amx, row):
     assert rows["bfloat16"] == row and "emulated only" not in rows["bfloat16"]
     assert rows["AMX-BF16"] == rows["AMX-FP16"] == ("yes" if amx else "no")
     assert rows["float16"] == ("native instructions (AVX512-FP16 or AMX-FP16)" if amx
-                               else "no AVX512-FP16 or AMX-FP16 (the measured rate decides)")
+                               else "no AVX512-FP16 or AMX-FP16 (its rate is measured)")
     assert "CPU" not in rows  # on a CPU the name row already names it
 
 
@@ -413,7 +413,7 @@ def test_every_function_that_takes_a_precision_parses_it(name):
 CPU_RUNS = "yes: CPU autocast runs it, fast or slow (the report's measured matmul rate says which)"
 CPU_NO_BF16, CPU_NATIVE_BF16 = "no AVX512-BF16 or AMX-BF16 (the measured rate decides)", \
     "native instructions (AVX512-BF16 or AMX-BF16)"
-CPU_NO_FP16, CPU_NATIVE_FP16 = "no AVX512-FP16 or AMX-FP16 (the measured rate decides)", \
+CPU_NO_FP16, CPU_NATIVE_FP16 = "no AVX512-FP16 or AMX-FP16 (its rate is measured)", \
     "native instructions (AVX512-FP16 or AMX-FP16)"
 EMULATED = ("no: bf16 autocast runs on this GPU only by emulation (pre-Ampere: no bf16 tensor cores), "
             "so the course uses fp16 + GradScaler here")

@@ -189,7 +189,7 @@ class HardwareReport:
             return f"instructions not probed on {self.cpu_arch} (see the measured rate)"
         if self.cpu_fp16_native:
             return "native instructions (AVX512-FP16 or AMX-FP16)"
-        return "no AVX512-FP16 or AMX-FP16 (the measured rate decides)"
+        return "no AVX512-FP16 or AMX-FP16 (its rate is measured)"
 
     def table(self, width: int | None = None) -> str:
         """The report as an aligned two-column text table, one line a row (``doctor``), or with
