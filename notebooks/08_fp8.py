@@ -20,11 +20,13 @@
 # models are trained with them. Two formats: **e4m3** (4 exponent bits, 3 mantissa bits)
 # and **e5m2**. Their range is short: cast as they are, e4m3 flushes most of this network's
 # gradients to zero, e5m2 fewer (below; how many depends on the batch and the loss).
-# So recipes multiply every tensor by a *scale* first, chosen so that its largest value
-# lands on the format's largest value (or, in recipes that round the scale down to a
-# power of two, within a factor of 2 below it). That is lesson 03's loss scale again, with two
-# differences: in the recipe this lesson builds, it is computed from the tensor itself
-# rather than searched for, and every tensor (or every row) gets its own.
+# So the recipe this lesson builds multiplies every tensor by a *scale* first, computed
+# from the tensor itself so that its largest value lands on the format's largest value
+# (*current* scaling; torchao's `Float8LinearConfig(round_scales_to_power_of_2=True)` rounds
+# that scale down to a power of two, landing within a factor of 2 below it). That is lesson
+# 03's loss scale again, with two differences: it is computed rather than searched for, and
+# every tensor (or every row) gets its own. Other recipes differ: delayed scaling (below)
+# and lesson 09's block scales.
 #
 # Everything here runs on a CPU or a CUDA GPU; on a Mac, on the CPU (`fp8_device`: torch has
 # no `float8_e5m2` on Apple's GPU). `torch._scaled_mm`, the fp8 matmul, runs on a CPU too, so
@@ -632,7 +634,7 @@ check_row_scale(my_row_scale)
 # - Clamping before the cast: `to_fp8_saturated`, `torchao/float8/float8_utils.py`.
 # - Delayed scaling: NVIDIA Transformer Engine's docs, "Using FP8 with Transformer Engine"
 #   (`recipe.DelayedScaling`). torchao: `convert_to_float8_training`'s API page; in
-#   `torchao/float8/config.py`, `Float8LinearConfig` (`emulate`, `gemm_config_output`) and
+#   `torchao/float8/config.py`, `Float8LinearConfig` (`emulate`, `gemm_config_output`, `round_scales_to_power_of_2`) and
 #   `Float8GemmConfig` (`use_fast_accum`).
 # - Outlier input features in LLMs: Dettmers et al., "LLM.int8()" (2022); Xiao et al.,
 #   "SmoothQuant" (2023).
