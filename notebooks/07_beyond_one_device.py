@@ -74,7 +74,8 @@ print(f"device {device} ({report.name}), torch {report.torch_version}")
 # process cannot import, so its ranks fail with `Can't get attribute ... on <module
 # '__main__'>` (Python's `multiprocessing` docs: the `__main__` module must be importable by
 # the children). So `launch` starts one Python process per rank on a module,
-# `amp_lessons.dist_worker`, with the environment variables `torchrun` would set, and a
+# `amp_lessons.dist_worker`, with some of the environment variables `torchrun` would set (RANK,
+# LOCAL_RANK, GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), and a
 # directory (RUN_DIR) that holds the plan and the data; each rank writes what it saw to a
 # file there, which `launch` reads back.
 #
@@ -131,8 +132,8 @@ print("every rank ends with bit-identical weights:", all(D.ranks_agree(ddp, name
 # model, so the only rounding in each run is the hook's. At the first step, the spy also
 # all-reduces every bucket in float32 beside the hook, for reference.
 #
-# **Predict:** how many bytes does each hook send? Which one adds more error: bf16 (8
-# significant bits, float32's range) or fp16 (11 bits, a narrow range)?
+# **Predict:** how many bytes is each hook's all-reduce handed? Which one adds more error:
+# bf16 (8 significant bits, float32's range) or fp16 (11 bits, a narrow range)?
 
 # %%
 hooks = D.launch([D.ddp_job(f"{h} hook", precision="fp32", hook=h) for h in D.HOOKS], device=DEVICE)
@@ -157,10 +158,10 @@ at_most("fp16_compress_hook's error stays below 1e-3 of the gradients' size", er
 # A compress hook rounds every gradient to 16 bits before the sum, and the sum again. Both
 # hooks also cast *before* they divide by the world size
 # (`buffer.to(dtype).div_(world_size)`). For fp16, with its narrow range, a gradient at or
-# below half its smallest subnormal (2^-25, about 3e-8) rounds to 0 before the sum starts,
-# and the division pushes more into subnormals, where the ranking above flips: on tiny
-# gradients fp16 is the worse hook. The hooks' cast and divide for 8 ranks, on three float32
-# gradients (one rank's part, before any sum):
+# below half its smallest subnormal, 2^-25 (a tie, which rounds to even: 0), rounds to 0
+# before the sum starts, and the division pushes more into subnormals, where the ranking
+# above flips: on tiny gradients fp16 is the worse hook. The hooks' cast and divide for 8
+# ranks, on three float32 gradients (one rank's part, before any sum):
 
 # %%
 g = torch.tensor([1e-3, 1e-6, 1e-8])
@@ -180,20 +181,6 @@ for i, grad in enumerate(g.tolist()):
 # (lesson 01) would become an inf in the cast, and the scaler would skip the step. In float32 or bf16
 # training nothing lifts them. Whether a compress hook saves time depends on how long the
 # step waits for the all-reduce: measure your step time with it and without it.
-#
-# ### Accumulating gradients under DDP: `no_sync`
-#
-# With gradient accumulation, every `backward()` under DDP all-reduces. Inside
-# `with ddp_model.no_sync():` DDP skips it and the gradients add up locally; the first
-# backward after the block all-reduces the sum (the forward must be inside the block too:
-# `DistributedDataParallel.no_sync`'s docstring). With a GradScaler, nothing else changes:
-# `scaler.scale(loss).backward()` for each micro-batch, then `unscale_`, the clip, `step` and
-# `update` once (lesson 04's recipe). FSDP2's counterpart is
-# `model.set_requires_gradient_sync(False)` for all micro-batches but the last. While sync is
-# off, FSDP2 accumulates the gradients in `reduce_dtype`, and `reduce_dtype=None` means the
-# compute dtype (both in `MixedPrecisionPolicy`'s docstring, torch 2.13): so in 2.13, with
-# `param_dtype=torch.bfloat16` and reduce_dtype left at None, the micro-batches' gradients
-# add up in bf16. Neither is run here.
 #
 # ## FSDP2: sharded, with a policy for each dtype
 #
@@ -223,8 +210,8 @@ print(D.policy_table(fsdp, POLICIES))
 # %% [markdown]
 # Read the table by column:
 #
-# - The **sharded parameter** is always float32. It holds the master weights that AdamW
-#   updates, whatever the policy.
+# - The **sharded parameter** is float32 here, as the model was built in float32. It holds
+#   the master weights that AdamW updates, whatever the policy.
 # - **In forward**, and **all-gathered**, the parameter is in `param_dtype`.
 # - The **reduce-scatter** runs in `reduce_dtype`.
 # - The **gradient** that lands in the sharded parameter is float32 again, for the optimizer.
@@ -238,11 +225,12 @@ print(D.policy_table(fsdp, POLICIES))
 # %%
 print(D.reduce_none_defaults("bf16"))
 seen = D.policy_stages(fsdp["(bf16, None)"][0])["reduce_scatter"]
+print(f"\n(bf16, None) reduce-scattered here in: {seen}")
 check("(bf16, None) reduce-scattered in the dtype this torch release's default names",
       seen == D.reduce_dtype_when_none("bf16"))
 
 # %% [markdown]
-# **Predict:** how many bytes does a bf16 all-gather send, next to a float32 one? And a
+# **Predict:** how many bytes is a bf16 all-gather handed, next to a float32 one? And a
 # float32 reduce-scatter, next to a bf16 one? Here is what rank 0 handed to them in one step:
 
 # %%
@@ -277,6 +265,20 @@ print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
 # attention, a norm) in 16 bits. To have those in float32, cast inside the module, or wrap
 # the forward in `torch.autocast` as on one device (on CUDA, `softmax` and `layer_norm` then
 # compute in float32; lesson 02). This lesson's ranks do not combine the two.
+#
+# ### Accumulating gradients: `no_sync` and `set_requires_gradient_sync`
+#
+# With gradient accumulation, every `backward()` under DDP all-reduces. Inside
+# `with ddp_model.no_sync():` DDP skips it and the gradients add up locally; the first
+# backward after the block all-reduces the sum (the forward must be inside the block too:
+# `DistributedDataParallel.no_sync`'s docstring). With a GradScaler, nothing else changes:
+# `scaler.scale(loss).backward()` for each micro-batch, then `unscale_`, the clip, `step` and
+# `update` once (lesson 04's recipe). FSDP2's counterpart is
+# `model.set_requires_gradient_sync(False)` for all micro-batches but the last. While sync is
+# off, FSDP2 accumulates the gradients in `reduce_dtype`, and `reduce_dtype=None` means the
+# compute dtype (both in `MixedPrecisionPolicy`'s docstring, torch 2.13): so in 2.13, with
+# `param_dtype=torch.bfloat16` and reduce_dtype left at None, the micro-batches' gradients
+# add up in bf16. Neither is run here.
 #
 # ## Why `reduce_dtype=torch.float32`
 #
@@ -342,9 +344,13 @@ for name in ("fp32", "fp16", "bf16"):
 at_most("a float32 all-reduce is off by less than 1e-6", err["fp32"], 1e-6)
 
 # %%
-at_least("a bf16 all-reduce is off by at least 4x an fp16 one", err["bf16"] / err["fp16"], 4, ".1f")
+at_least("on these gradients of about 1e-3, a bf16 all-reduce is off by at least 4x an fp16 one",
+         err["bf16"] / err["fp16"], 4, ".1f")
 
 # %% [markdown]
+# That ranking is for gradients of this size: on tiny ones it flips, as the compress hooks'
+# cast and divide showed above.
+#
 # Two ranks add each gradient only once. A ring all-reduce over W ranks adds hop by hop;
 # if each hop's sum is rounded to the reduce dtype (this simulation's assumption; NCCL may
 # also pick a tree), the error grows with W. `ring_errors` simulates that order of additions
@@ -368,8 +374,13 @@ one, small = [torch.tensor(1.0)], [torch.tensor(1e-3)] * 63
 for where, values in (("first", one + small), ("last", small + one)):
     print(f"1.0 added {where:<5}: bf16 {D.ring_sum(values, torch.bfloat16).item()}, "
           f"float32 {measured(D.ring_sum(values, torch.float32).item(), '.4f')}")
+print(f"the 63 values of 0.001 alone, in bf16: {D.ring_sum(small, torch.bfloat16).item()}")
 
 # %% [markdown]
+# Added last, the 1.0 meets the small values' bf16 sum (0.0618, the last line), which counts
+# beside it; added first, it meets each 0.001 alone, and each rounds away (bf16's spacing
+# next to 1.0 is 0.0078).
+#
 # Now the loss curves from the policy run above: bf16 compute in both, reduced in bf16
 # `(bf16, bf16)` or in float32 `(bf16, fp32)`. **Predict:** with 2 ranks, how far apart do
 # they end?
@@ -413,6 +424,7 @@ for name in scalers.names:
     scales = {r["rank"]: [int(s["scale"]) for s in r["steps"]] for r in scalers[name]}
     print(f"{name:<22} steps skipped (AdamW's step count did not move), by rank: {D.skipped_steps(scalers, name)}")
     print(f"{'':<22} the scale before each step, by rank: {scales}")
+    print(f"{'':<22} steps with an inf in the rank's own gradients, by rank: {D.inf_steps(scalers, name)}")
 
 # %% [markdown]
 # In all three runs every rank skipped step 2 and halved its scale after it, though in the
@@ -523,6 +535,22 @@ with expect_error(D.RankFailedError):
     D.launch([D.fail_job(rank=1, how="raise")], device=DEVICE)
 
 # %% [markdown]
+# ## Exercise: predict FSDP2's dtypes
+#
+# The policy run above had one more job, `"exercise"`: FSDP2 with
+# `MixedPrecisionPolicy(param_dtype=torch.float16)`, with reduce_dtype left at None. Its
+# row was not printed. Fill in the dtype at each stage (`torch.bfloat16`, `"fp32"`, `"half"`,
+# ...), and its reduce-scatter's op, `"avg"` or `"sum"`. The checker compares
+# your answer with what the ranks recorded.
+
+# %%
+from amp_lessons.exercises import check_policy_prediction
+
+my_prediction = {"sharded": None, "forward": None, "reduce_scatter": None, "gradient": None, "op": None}
+
+check_policy_prediction(my_prediction, fsdp["exercise"][0])
+
+# %% [markdown]
 # ## Remember
 #
 # - Under DDP + autocast, gradients have their parameters' dtype: the all-reduce is float32,
@@ -554,22 +582,6 @@ with expect_error(D.RankFailedError):
 #   read what the ranks write to files.
 # - A rank process that outlives its launcher keeps its GPU memory until it exits. Look for
 #   it (`nvidia-smi`, `ps`) and stop it by its process id.
-
-# %% [markdown]
-# ## Exercise: predict FSDP2's dtypes
-#
-# The policy run above had one more job, `"exercise"`: FSDP2 with
-# `MixedPrecisionPolicy(param_dtype=torch.float16)`, with reduce_dtype left at None. Its
-# row was not printed. Fill in the dtype at each stage (`torch.bfloat16`, `"fp32"`, `"half"`,
-# ...), and its reduce-scatter's op, `"avg"` or `"sum"`. The checker compares
-# your answer with what the ranks recorded.
-
-# %%
-from amp_lessons.exercises import check_policy_prediction
-
-my_prediction = {"sharded": None, "forward": None, "reduce_scatter": None, "gradient": None, "op": None}
-
-check_policy_prediction(my_prediction, fsdp["exercise"][0])
 
 # %% [markdown]
 # ## Sources

@@ -355,12 +355,14 @@ def test_fsdp_memory_matches_the_formula(run):
 def test_an_inf_on_one_rank_skips_the_step_on_all(run):
     sharded = run["sharded scaler"]
     assert [r["steps"][1]["own_inf"] for r in sharded] == [False, True]  # only rank 1's shard
+    assert D.inf_steps(run, "sharded scaler") == {0: [], 1: [1]}
     assert D.skipped_steps(run, "sharded scaler") == {0: [1], 1: [1]}
     for r in sharded:
         assert [s["scale"] for s in r["steps"]] == [65536.0, 65536.0, 32768.0]
         assert [s["optimizer_steps"] for s in r["steps"]] == [1, 1, 2]
     ddp = run["ddp scaler"]
     assert [r["steps"][1]["own_inf"] for r in ddp] == [True, True]  # the all-reduce spread it
+    assert D.inf_steps(run, "ddp scaler") == {0: [1], 1: [1]}
     assert D.skipped_steps(run, "ddp scaler") == {0: [1], 1: [1]}
     for r in ddp:  # skipped means AdamW did not step
         assert [s["optimizer_steps"] for s in r["steps"]] == [1, 1, 2]

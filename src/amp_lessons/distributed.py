@@ -776,6 +776,12 @@ def skipped_steps(run: Run, name: str) -> dict:
     return {r["rank"]: [s["step"] for s in r["steps"] if s["skipped"]] for r in run[name]}
 
 
+def inf_steps(run: Run, name: str) -> dict:
+    """``{rank: [steps]}``: the steps at which that rank found an inf in its own gradients (its
+    shard, under FSDP2), before the scaler looked; for lesson 07."""
+    return {r["rank"]: [s["step"] for s in r["steps"] if s["own_inf"]] for r in run[name]}
+
+
 def loss_history(record: dict):
     """A job's loss curve as a :class:`amp_lessons.training.History`, for ``plots.loss_curves``."""
     nan = float("nan")
