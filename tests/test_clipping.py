@@ -683,3 +683,70 @@ def test_checker_refuses_a_clip_other_than_the_given_one(clip):
     assert not v.passed
     (only,) = bugs(v)
     assert "weights moved" in only and "the clip is not the given one" in only
+
+
+def scaler_per_step(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    """The fixed loop, but a new GradScaler every optimizer step: its scale never carries."""
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        scaler = torch.amp.GradScaler(device.type)
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)) / accum_steps
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def no_explicit_unscale(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    """No scaler.unscale_: step() unscales by itself, after the clip has seen scaled gradients."""
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type)
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)) / accum_steps
+            scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def zero_grad_before_step(model, data, steps=6, accum_steps=4, max_norm=1.0, lr=0.5, batch_size=32):
+    """The step calls moved out of the micro-batch loop, but after a zero_grad."""
+    device = next(model.parameters()).device
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type)
+    for step in range(steps):
+        for micro in range(accum_steps):
+            x, y = data.batch(step * accum_steps + micro, batch_size)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)) / accum_steps
+            scaler.scale(loss).backward()
+        opt.zero_grad(set_to_none=True)
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+
+
+def test_checker_refuses_a_scaler_per_step_and_counts_only_the_loop_s_own_calls():
+    text = str(check_clipping_loop(scaler_per_step, False))
+    assert "a GradScaler was built 6 times: build one before the loop" in text
+    text = str(check_clipping_loop(no_explicit_unscale, False))
+    assert "unscale_ 0x, step 6x, update 6x" in text and "fixed: unscale_" not in text
+
+
+def test_checker_blames_a_zero_grad_before_step_not_a_missing_step():
+    text = str(check_clipping_loop(zero_grad_before_step, False))
+    assert "No inf checks were recorded for this optimizer" in text
+    assert "did zero_grad run between the backward passes and step?" in text
+    assert "update() needs a step() before it" not in text

@@ -370,7 +370,7 @@ class _Tracker:
     def __init__(self, scaler, log):
         self.scaler, self.log, self.state = scaler, log, "clean"
         self.unscaled: set[int] = set()
-        self._wrapped = []
+        self._wrapped, self._depth = [], 0  # depth > 0: a call made by another (step's unscale_)
         for name in ("scale", "unscale_", "step", "update"):
             self._wrap(name)
 
@@ -378,9 +378,13 @@ class _Tracker:
         real = getattr(self.scaler, name)
 
         def wrapper(*args, **kwargs):
-            self.log.add(name, state_before=self.state,
+            self.log.add(name, state_before=self.state, inner=self._depth > 0,
                          in_autocast=torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"))
-            out = real(*args, **kwargs)
+            self._depth += 1
+            try:
+                out = real(*args, **kwargs)
+            finally:
+                self._depth -= 1
             if name == "scale":
                 self.state = "scaled" if self.state != "unscaled" else "mixed"
             elif name in ("unscale_", "step"):
@@ -436,6 +440,11 @@ class AmpCallLog:
 
     def count(self, name) -> int:
         return sum(c.name == name for c in self.calls)
+
+    def count_called(self, name) -> int:
+        """Like :meth:`count`, without the calls a scaler makes itself (``step``'s own
+        ``unscale_``): what the loop called."""
+        return sum(c.name == name and not c.info.get("inner") for c in self.calls)
 
     @property
     def clips(self) -> list[AmpCall]:

@@ -389,7 +389,10 @@ CHECK_MAX_NORM = 0.15
 _LOOP_ERROR_HINTS = {
     "already been called": "unscale_ runs once per optimizer step: where in the loop does that put it?",
     "after step()": "unscale_ must come before step(), once per optimizer step",
-    "No inf checks": "update() needs a step() before it: call both once per optimizer step",
+    "No inf checks were recorded for this optimizer": "scaler.step found no gradient to check in "
+    "this optimizer: did zero_grad run between the backward passes and step?",
+    "No inf checks were recorded prior to update": "update() needs a step() before it: call both "
+    "once per optimizer step",
 }
 
 
@@ -579,7 +582,7 @@ def _clips_after_step(log) -> int:
 
 def _step_calls(log) -> dict[str, int]:
     """How often the loop called unscale_, step and update (04's checker)."""
-    return {name: log.count(name) for name in ("unscale_", "step", "update")}
+    return {name: log.count_called(name) for name in ("unscale_", "step", "update")}
 
 
 def _call_count_finding(log, error, steps, accum_steps) -> list[tuple[bool, str]]:
@@ -592,6 +595,9 @@ def _call_count_finding(log, error, steps, accum_steps) -> list[tuple[bool, str]
         ran = ", ".join(f"{name} {n}x" for name, n in counts.items())
         return [_bug(f"{ran} for {steps} optimizer steps of {accum_steps} micro-batches: which of these "
                      "calls belong once per optimizer step, and where in the loop does that put them?")]
+    if len(log.scalers) > 1:
+        return [_bug(f"a GradScaler was built {len(log.scalers)} times: build one before the loop, "
+                     "so that its scale carries from step to step")]
     if backwards != steps * accum_steps:
         return [_bug(f"scaler.scale(loss).backward() ran {backwards}x; expected one per micro-batch "
                      f"({steps * accum_steps})")]
