@@ -25,8 +25,8 @@
 #
 # Every loop runs on the CPU (a tiny 8 -> 16 -> 4 network), so the messages are the same on
 # every machine. CUDA's are replayed on fake CUDA tensors, simulated, or quoted from the
-# torch file that prints them; on a GPU, `python -m amp_lessons selfcheck` runs section 10
-# for real.
+# torch file that prints them; on a GPU, `python -m amp_lessons selfcheck` runs sections 8
+# and 10 there (11 on a pre-Ampere GPU).
 
 # %%
 # Setup, the same in every lesson: on Colab, install the course package first.
@@ -81,9 +81,8 @@ from amp_lessons.show import expect_error
 # (pytorch/pytorch#55585); lesson 03 showed that PyTorch checks the order only at the
 # scheduler's first `step()`, so a later skip goes unwarned. `scheduler_run` runs 4 batches
 # with AdamW and a `StepLR` halving the lr at every step, an inf in batch 0, with and without
-# `fused=True`. A fused Adam, AdamW or SGD (Adagrad too in torch 2.13, not in 2.11) skips
-# inside its kernel, so GradScaler calls its `step` even on a skipped step (Sources).
-# **Predict** which run warns:
+# `fused=True`. A fused optimizer skips inside its kernel, so GradScaler calls its `step`
+# even on a skipped step (the table after the run). **Predict** which run warns:
 
 # %%
 print(inspect.getsource(errors.train_stepping_scheduler_always))
@@ -93,7 +92,15 @@ for fused, run in runs.items():
 print(textwrap.fill(runs[False].warnings[0], 90))
 
 # %% [markdown]
-# One warning, and the same harm in both: the schedule a step ahead of the training.
+# One warning, and the same harm in both: the schedule a step ahead of the training. What
+# a skipped step does, by optimizer (torch 2.13; Sources):
+#
+# | optimizer | GradScaler calls its `step` | scheduler warning at a skipped first step | step post-hooks fire | a step count the skip leaves unchanged |
+# |---|---|---|---|---|
+# | not fused (and `fused=True` Adagrad in torch 2.11) | no | yes | no | (hooks suffice) |
+# | `fused=True` Adam, AdamW, Adagrad | yes, without `unscale_`; it skips in its kernel | no | yes | `opt.state[p]["step"]` |
+# | `fused=True` SGD | the same | no | yes | none |
+#
 # With one optimizer, the fix steps the scheduler only when the scale did not drop, fused
 # or not (several optimizers: section 3); it reads `get_scale()`, a sync on CUDA (Sources),
 # once per step:
@@ -182,10 +189,9 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 # it for all, so the scale cannot say which optimizer stepped.
 #
 # Step each lr scheduler when its own optimizer did: `opt.register_step_post_hook(fn)`
-# calls `fn` after each step that ran. A fused optimizer's `step` runs on skipped steps too
-# (section 1); with a fused Adam, AdamW or Adagrad, compare its step count
-# (`opt.state[p]["step"]`), which a skipped step leaves unchanged; fused SGD keeps none
-# (Sources).
+# calls `fn` after each step that ran; for a fused optimizer, section 1's table says what
+# to compare instead. Fused SGD keeps no step count: there, give each optimizer its own
+# GradScaler, with its own loss and backward, and each is section 1's one-optimizer case.
 #
 # ## 4. "Attempting to unscale FP16 gradients."
 #
@@ -200,9 +206,9 @@ with expect_error(ValueError):
 # %% [markdown]
 # After `model.half()` the weights, and so their gradients, are float16. GradScaler's
 # `unscale_` (which `step` calls when you have not) refuses float16 gradients: it assumes
-# float32 master weights, as the recipe keeps them. (For a fused optimizer, section 1,
-# `step` does not call `unscale_`: only an explicit `scaler.unscale_(opt)`, as in lesson
-# 04's clip, raises this; Sources.) Lesson 05 shows what `model.half()` costs besides:
+# float32 master weights, as the recipe keeps them. (With a fused optimizer, `scaler.step`
+# runs without `unscale_`, section 1's table: only an explicit `scaler.unscale_(opt)`, as in
+# lesson 04's clip, raises this.) Lesson 05 shows what `model.half()` costs besides:
 # updates smaller than half a float16 step vanish. The fix is the recipe of lesson 00's
 # card: float32 weights, autocast around the forward.
 
@@ -241,11 +247,10 @@ with torch.autocast("cpu", dtype=torch.bfloat16):
 print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 
 # %% [markdown]
-# Other layers word the same mistake their own way (the index lists them, CUDA's by
-# source). The cell runs three: a `Linear` without a bias; a convolution with one; one
-# without (before a BatchNorm, as in ResNets), with oneDNN off so that every CPU prints the
-# same. By default, a CPU with AVX-512 prints oneDNN's wording instead (the index;
-# Sources).
+# Other layers word the same mistake their own way (the index lists them). The cell runs
+# three: `linear` on the `h` above with the head's weight and no bias; a convolution with a
+# bias; one without, with oneDNN off: by default, a CPU on which oneDNN takes bfloat16
+# (Sources says which) prints oneDNN's wording instead.
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -330,14 +335,14 @@ print("FutureWarnings from torch.amp.autocast, torch.autocast, torch.amp.GradSca
       errors.current_spellings_warnings())
 
 # %% [markdown]
-# The `torch.amp` spellings take the device first and raise none (the last line). Without
-# CUDA the `torch.cuda.amp` ones also disable themselves: section 8.
+# The `torch.amp` spellings take the device first and raise none (the last line). With
+# neither CUDA nor torch_xla, the `torch.cuda.amp` ones also disable themselves: section 8.
 #
 # ## 8. `GradScaler()` without a device: off, with one warning
 #
 # `torch.amp.GradScaler()` takes the device type as its first argument, and its default is
-# `"cuda"`. On a machine without CUDA, it warns and switches itself off. **Predict**
-# what `scaler.scale(loss)` returns then. (On a machine with CUDA, this cell hides it
+# `"cuda"`. On a machine with neither CUDA nor torch_xla, it warns and switches itself off
+# (Sources). **Predict** what `scaler.scale(loss)` returns then. (This cell hides both
 # first, so that it shows the same everywhere.)
 
 # %%
@@ -576,11 +581,11 @@ check_loop(errors.schedule_two_optimizers_on_the_scale)
 # | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | section 5; lesson 02 |
 # | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
 # | `Input type (c10::BFloat16) and bias type (float) should be the same` (every device, by source) | the same, at a convolution with a bias | section 5 |
-# | `Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same or input should be a MKLDNN tensor ...` (oneDNN: by default on a CPU with AVX-512); `expected scalar type BFloat16 but found Float` (oneDNN off, or a CPU where it takes no bfloat16) | the same, at a convolution without a bias | section 5 |
+# | `Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same or input should be a MKLDNN tensor ...` (oneDNN, by default on a CPU where it takes bfloat16: Sources); `expected scalar type BFloat16 but found Float` (oneDNN off, or another CPU) | the same, at a convolution without a bias | section 5 |
 # | (none) inf, then NaN loss; that step skipped, every step if the inf recurs | float16 overflow in a long sum (attention scores, a reduction) | section 6; lessons 01 and 03 |
 # | `value cannot be converted to type c10::Half without overflow` | `masked_fill(-1e9)` on float16 scores | section 6 |
 # | `torch.cuda.amp.autocast(args...) is deprecated` (FutureWarning) | the old `torch.cuda.amp` spelling | section 7 |
-# | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine without CUDA | section 8; lesson 03 |
+# | `torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.` | `GradScaler()` without a device on a machine with neither CUDA nor torch_xla | section 8; lesson 03 |
 # | (none) the first steps skipped, then a penalty S times too large | a gradient penalty from scaled gradients | section 9 |
 # | `binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast` | sigmoid + BCE under CUDA autocast | section 10; lesson 02 |
 # | (none) bf16 "supported" on a T4, yet emulated: slow | `is_bf16_supported()` counts emulation | section 11; lesson 00 |
@@ -647,9 +652,9 @@ check_two_model_loop(my_loop)
 #   kernel: `ADDMM_META`, `TORCH_META_FUNC(addmm)`, `aten/src/ATen/native/LinearAlgebra.cpp`.
 # - In `aten/src/ATen/native/Convolution.cpp`, `conv1d`/`conv2d`/`conv3d` check the bias's
 #   dtype before any backend is chosen; without a bias, a CPU's bfloat16 input goes to
-#   oneDNN (`use_mkldnn`) where `mkldnn_bf16_device_check()` allows it (AVX-512 BW, VL and
-#   DQ, or AVX-NE-CONVERT: `aten/src/ATen/native/mkldnn/Utils.h`), whose check is
-#   `check_input_same_type_as_parameters`.
+#   oneDNN (`use_mkldnn`) where `mkldnn_bf16_device_check()` allows it (on x86, AVX-512 BW,
+#   VL and DQ, or AVX-NE-CONVERT; on aarch64, `cpuinfo_has_arm_bf16()`:
+#   `aten/src/ATen/native/mkldnn/Utils.h`), whose check is `check_input_same_type_as_parameters`.
 # - CUDA autocast runs `sum` in float32 (`AT_FORALL_FP32_SET_OPT_DTYPE`,
 #   `aten/src/ATen/autocast_mode.h`) and refuses `binary_cross_entropy` (its banned list in
 #   `aten/src/ATen/autocast_mode.cpp`; the Autocast Op Reference in `docs/source/amp.md`).
@@ -659,6 +664,9 @@ check_two_model_loop(my_loop)
 # - "CUDA is not available or torch_xla is imported. Disabling autocast." and "Current CUDA
 #   Device does not support bfloat16" (the same words in torch 2.11 and 2.13):
 #   `torch/amp/autocast_mode.py` (`autocast.__init__`); `is_bf16_supported` and its
-#   emulation test: `torch/cuda/__init__.py`.
+#   emulation test: `torch/cuda/__init__.py`. CUDA autocast and `GradScaler("cuda")` switch
+#   off when `amp_definitely_not_available()` finds neither CUDA nor torch_xla installed
+#   (`torch/cuda/amp/common.py`).
 # - bf16 arithmetic through float32 below compute capability 8.0: CUDA's `cuda_bf16.hpp`;
-#   the depthwise `Conv2d` on a T4: huggingface/diffusers#14688.
+#   "Software emulation is slow": the description of pytorch/pytorch#148322; the depthwise
+#   `Conv2d` on a T4: huggingface/diffusers#14688.

@@ -152,6 +152,18 @@ def test_default_scaler_without_cuda():
     assert torch.cuda.is_available is real  # restored
 
 
+def test_default_scaler_is_off_even_where_torch_xla_is_installed(monkeypatch):
+    """With torch_xla installed, torch keeps GradScaler("cuda") on without CUDA; the lesson's
+    cell hides torch_xla too, so that it prints the same there."""
+    common = torch.cuda.amp.common
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(common, "find_spec", lambda name, *a: object() if name == "torch_xla" else None)
+    assert torch.amp.GradScaler().is_enabled()  # torch's own rule: torch_xla keeps it on
+    pretend = common.find_spec
+    assert "enabled: False" in errors.default_scaler_report()
+    assert common.find_spec is pretend  # restored
+
+
 def test_gradient_penalty_needs_unscaled_gradients():
     right = errors.penalty_run(unscale=True)
     wrong = errors.penalty_run(unscale=False)
@@ -346,7 +358,7 @@ def test_exercise_refuses_a_guard_on_the_batch():
     text = str(verdict)
     assert not verdict.passed
     assert "bug: the schedulers stepped [2, 2] times for [1, 2] AdamW steps" in text
-    assert "moved on for a step GradScaler skipped (section 1) (at batch 3 only model 1 overflowed" in text
+    assert "moved on for a step GradScaler skipped (section 1) (at batch 3 the checker put an inf in model 1's gradient alone)" in text
 
 
 def solved_but_not_clearing_gradients(models, optimizers, schedulers, batches):

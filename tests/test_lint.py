@@ -709,3 +709,24 @@ def test_a_finding_prints_its_kind_as_the_command_line_does():
     (note,) = [f for f in found if f.code == "backward-in-autocast"]
     assert str(note).startswith(f"line {note.line}: note: [backward-in-autocast] ")
     assert all(str(f).startswith(f"{f.where}: {f.kind}: [{f.code}]") for f in found)
+
+
+def test_half_with_scaler_message_says_which_call_raises():
+    """The message: unscale_ refuses float16 gradients, and so does scaler.step, except with a
+    fused optimizer that steps in its kernel (no unscale_ then: lesson 06, section 1's table)."""
+    (finding,) = [f for f in check_loop(errors.train_half_model) if f.code == "half-with-scaler"]
+    assert ("scaler.unscale_ raises 'Attempting to unscale FP16 gradients.' (so does scaler.step, "
+            "except for a fused=True Adam, AdamW or SGD, and Adagrad in torch 2.13)") in finding.message
+
+    def step(fused: bool, unscale_first: bool):
+        model = torch.nn.Linear(4, 2).half()
+        opt, scaler = torch.optim.SGD(model.parameters(), lr=0.1, fused=fused), torch.amp.GradScaler("cpu")
+        scaler.scale(model(torch.ones(1, 4, dtype=torch.float16)).float().sum()).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+        scaler.step(opt)
+
+    for fused, unscale_first in ((False, False), (True, True)):
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
+            step(fused, unscale_first)
+    step(fused=True, unscale_first=False)  # no error: the fused step never calls unscale_

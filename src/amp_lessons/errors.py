@@ -17,6 +17,7 @@ runs the real thing on a CUDA device, and says which it did.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -432,18 +433,22 @@ def current_spellings_warnings() -> list[str]:
 
 @contextlib.contextmanager
 def without_cuda():
-    """Inside, torch reports no CUDA (``torch.cuda.is_available()`` is False), as on a machine
-    without a GPU; on such a machine it changes nothing. Restored on exit."""
-    real = torch.cuda.is_available
+    """Inside, torch reports no CUDA (``torch.cuda.is_available()`` is False) and no installed
+    torch_xla, the two things ``torch.cuda.amp.common.amp_definitely_not_available`` asks
+    before CUDA autocast and ``GradScaler("cuda")`` switch off: as on a machine with neither;
+    on such a machine it changes nothing. Restored on exit."""
+    common = importlib.import_module("torch.cuda.amp.common")  # a module torch does not deprecate
+    real_available, real_find_spec = torch.cuda.is_available, common.find_spec
     torch.cuda.is_available = lambda: False
+    common.find_spec = lambda name, *args: None if name == "torch_xla" else real_find_spec(name, *args)
     try:
         yield
     finally:
-        torch.cuda.is_available = real
+        torch.cuda.is_available, common.find_spec = real_available, real_find_spec
 
 
 def default_scaler_report() -> str:
-    """``torch.amp.GradScaler()`` built as on a machine without CUDA: its warning, whether
+    """``torch.amp.GradScaler()`` built as on a machine with neither CUDA nor torch_xla: its warning, whether
     it is enabled, and what ``scale(loss)`` returns."""
     with without_cuda():
         caught, scaler = caught_warnings(torch.amp.GradScaler)

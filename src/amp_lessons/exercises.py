@@ -1132,7 +1132,7 @@ def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, ste
         bug(f"the schedulers stepped {stepped} times for {taken} AdamW steps"
             + (", and PyTorch warned 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'"
                if warned else "") + ": a scheduler moved on for a step GradScaler skipped (section 1)"
-            + (f" (at batch {one_model} only model 1 overflowed, on a batch that holds no inf)"
+            + (f" (at batch {one_model} the checker put an inf in model 1's gradient alone)"
                if one_model in fed and stepped[0] > taken[0] else ""))
     elif stepped != taken:
         never = [i + 1 for i, s in enumerate(stepped) if s == 0]

@@ -17,6 +17,7 @@ code                    the mistake                                             
 ======================  =================================================================  ======
 deprecated-amp          ``torch.cuda.amp`` / ``torch.cpu.amp`` (FutureWarning)              06
 scaler-no-device        ``GradScaler()`` without a device: means "cuda"; off without CUDA   03
+                        or torch_xla
 scaler-cuda-only        a CUDA scaler in code that also runs without CUDA ("may")           03
 clip-before-unscale     a clip on gradients still multiplied by the scale                   04
 unscale-twice           ``unscale_`` twice for one optimizer before ``update()``            04

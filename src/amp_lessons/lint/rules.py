@@ -193,8 +193,8 @@ def scaler_no_device(ctx: Context):
         if any(kw.arg == "enabled" and isinstance(kw.value, ast.Constant) and kw.value.value is False
                for kw in call.keywords):
             continue
-        yield call.lineno, ("GradScaler() without a device means 'cuda': on a machine without CUDA it "
-                            "warns, disables itself and scale(loss) returns the loss unscaled. Pass the "
+        yield call.lineno, ("GradScaler() without a device means 'cuda': on a machine with neither CUDA "
+                            "nor torch_xla it warns, disables itself and scale(loss) returns the loss unscaled. Pass the "
                             "device: torch.amp.GradScaler(device.type)")
 
 
@@ -237,8 +237,9 @@ def half_with_scaler(ctx: Context):
         owners = ([receiver] if receiver else []) + assigned_to.get(id(node), [])
         if any(ctx.roles.is_model(o) for o in owners):
             call = f"{receiver or 'model'}.{attr}({'' if is_half else 'torch.float16'})"
-            yield node.lineno, (f"{call} with a GradScaler: the gradients are float16 and scaler.step / "
-                                "unscale_ raise 'Attempting to unscale FP16 gradients.'. Keep the weights "
+            yield node.lineno, (f"{call} with a GradScaler: the gradients are float16 and scaler.unscale_ "
+                                "raises 'Attempting to unscale FP16 gradients.' (so does scaler.step, except for "
+                                "a fused=True Adam, AdamW or SGD, and Adagrad in torch 2.13). Keep the weights "
                                 "in float32 and let autocast run the ops in float16")
 
 
@@ -695,7 +696,7 @@ RULES: tuple[Rule, ...] = (
     Rule("deprecated-amp", "06_error_messages", "torch.cuda.amp / torch.cpu.amp (FutureWarning)",
          "with torch.cuda.amp.autocast():\n    loss = model(x)\n",
          "with torch.autocast('cuda'):\n    loss = model(x)\n", deprecated_amp),
-    Rule("scaler-no-device", "03_grad_scaler", "GradScaler() without a device: means 'cuda'; off without CUDA",
+    Rule("scaler-no-device", "03_grad_scaler", "GradScaler() without a device: means 'cuda'; off without CUDA or torch_xla",
          "scaler = torch.amp.GradScaler()\n", "scaler = torch.amp.GradScaler(device.type)\n", scaler_no_device),
     Rule("scaler-cuda-only", "03_grad_scaler", "a CUDA scaler in code that also runs without CUDA",
          "device = 'cuda' if torch.cuda.is_available() else 'cpu'\nscaler = torch.amp.GradScaler('cuda')\n",
