@@ -95,8 +95,8 @@ print(report.table(width=100))
 # below), except in a few cells that show only this machine's raw timings and errors. A
 # sentence drawn from such figures is checked in its cell by a **verdict**, which states its
 # margin: `✓ holds` or `✗ did not hold here`, with the figures it used. One: bf16 keeps 7
-# stored mantissa bits, so rounding a normal float32 value to it moves that value by at most
-# 2^-8 ≈ 0.4% (lesson 01); the product, also rounded to bf16, is asked to stay within 1% of
+# stored mantissa bits, so rounding a float32 value in bf16's normal range to it moves that
+# value by at most 2^-8 ≈ 0.4% (lesson 01); the product, also rounded to bf16, is asked to stay within 1% of
 # float32's, measured in norm over the whole matrix. Single entries can be off by more, where
 # their terms cancel (the second line):
 
@@ -108,10 +108,10 @@ exact = a @ a
 with torch.autocast("cpu", dtype=torch.bfloat16):
     got = (a @ a).float()
 error = (got - exact).norm() / exact.norm()  # relative, over the whole matrix
-print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in norm over the whole matrix",
-              error, 0.01, ".2g"))
+print(at_most("a bf16 autocast matmul's result is within 1% of float32's, in norm over the whole matrix; figures in %",
+              100 * error, 1, ".2g"))
 worst = ((got - exact).abs() / exact.abs())[exact != 0].max()  # entry by entry
-print(at_least("some single entry is off by more than 1%", worst, 0.01, ".2g"))
+print(at_least("some single entry is off by more than 1%; figures in %", 100 * worst, 1, ".3g"))
 
 # %% [markdown]
 # ## What decides the precision

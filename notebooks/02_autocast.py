@@ -132,8 +132,9 @@ print(mlp_trace.table())
 # The `cast` column says who inserted each `_to_copy` (here, autocast). Before each `addmm`,
 # autocast cast the float32 weight and bias to 16-bit, and for the first layer the input too
 # (the shape tells which). The last column marks a float32 result `<- autocast fp32` when
-# autocast caused it (cast an input up, or asked for float32), `<- already fp32` when its
-# inputs were float32 already. On a CPU `cross_entropy` is on the float32 list: autocast
+# autocast caused it (cast an input up, or asked for float32), `<- already fp32` when
+# autocast had no part in it (its inputs were float32, or type promotion made a float32 and a
+# 16-bit input float32). On a CPU `cross_entropy` is on the float32 list: autocast
 # casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
 # `nll_loss_forward` reads `_log_softmax`'s float32 result.
 #
@@ -343,9 +344,8 @@ with expect_error(RuntimeError):
 # %% [markdown]
 # Disabling autocast does not cast anything back: `h` is still 16-bit, the weight is
 # float32, and the matmul refuses to mix them. Not every op refuses: a softmax over `h`
-# there, the very op the region was for, runs in 16-bit without a word, and so does a
-# `LayerNorm` with float32 weights (below). The region needs an explicit `.float()` on
-# every tensor that comes in from the autocast region:
+# there, the very op the region was for, runs in 16-bit without a word (below). The region
+# needs an explicit `.float()` on every tensor that comes in from the autocast region:
 
 # %%
 with torch.autocast(device, dtype=dtype):
@@ -353,7 +353,6 @@ with torch.autocast(device, dtype=dtype):
     with torch.autocast(device, enabled=False):
         print("softmax(h):", torch.softmax(h, -1).dtype, "| softmax(h.float()):",
               torch.softmax(h.float(), -1).dtype)
-        print("LayerNorm, float32 weights, on h:", nn.LayerNorm(h.shape[-1]).to(device)(h).dtype)
         out = head(h.float())
 print("head(h.float()):", out.dtype)
 

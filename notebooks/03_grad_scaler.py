@@ -382,7 +382,8 @@ print(f"{len(doomed.history)} steps run, {doomed.history.skipped} skipped; AdamW
 #
 # ## The lr scheduler and skipped steps
 #
-# A common loop calls `scheduler.step()` every iteration, skipped or not. Three runs with
+# A common loop calls `scheduler.step()` every iteration, skipped or not (as in
+# pytorch/pytorch#55585, which lesson 06 cites). Three runs with
 # `StepLR`: the summed-loss run above (its first steps skipped) and the small-loss run
 # with its step 3 made inf, both stepping the scheduler every iteration
 # (`step_scheduler_on_skip=True`); then the summed-loss run stepping it only when the
@@ -416,8 +417,8 @@ print(textwrap.fill("the warning: " + first[0], 90))
 # %% [markdown]
 # One warning, in the first run only: PyTorch checks the order once, at the scheduler's
 # first step, when `optimizer.step()` has not run yet (the fused optimizers above have
-# their `step()` run even on a skipped step, so they never warn). A step skipped later moves the
-# schedule on with no warning at all, and each skipped step moves the warm-up or the decay
+# their `step()` run even on a skipped step, so in a loop in the right order they never
+# warn). A step skipped later moves the schedule on with no warning at all, and each skipped step moves the warm-up or the decay
 # on for an update that never happened. Step the scheduler only after a step that was not
 # skipped (the signs above tell which), as the `Trainer` does.
 #
@@ -503,8 +504,7 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
 # - bf16 has float32's range: this network's gradients lose none to it (what it makes 0,
 #   counted above where this device runs bf16, lies above its smallest normal), and need no
-#   scaler. A cast to bf16 too rounds to 0 at or below half its smallest subnormal (that
-#   subnormal is 9.2e-41, printed above).
+#   scaler (bf16's smallest subnormal is 9.2e-41, printed above).
 #
 # ## Watch out
 #

@@ -508,7 +508,7 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
       f"FSDP2's 16 N / 8 does: {D.memory_per_rank(N7, 'FSDP2 (bf16, fp32)', W7)['kept'] <= gpu}")
 
 # %% [markdown]
-# ## When to use which
+# ## DDP and FSDP2 side by side
 #
 # | | DDP | FSDP2 |
 # |---|---|---|
@@ -517,7 +517,7 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 # | fewer bytes handed to collectives | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
 # | fp16 | one GradScaler per rank; the all-reduce spreads an inf | `torch.amp.GradScaler` (DTensor agrees its found-inf flag across ranks) or `ShardedGradScaler` |
 # | gradient accumulation | `with model.no_sync():` for all micro-batches but the last | `model.set_requires_gradient_sync(False)`, likewise |
-# | use it when | what DDP keeps, plus activations, fits on one device | it does not |
+# | needed when | | DDP's bytes per rank, plus activations, do not fit on one device (the 7B count above) |
 #
 # ## When a launch goes wrong
 #

@@ -360,9 +360,9 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, not run here; Sources): compute
 # capability 8.9 or 9.0+, and
 #
-# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule; torch
-#   2.11 checks it on every GPU, newer torch only where the compute capability is 9.x, and
-#   elsewhere leaves the layout to cuBLASLt);
+# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule; torch's
+#   own check of it covers every GPU at commit 2bec3bd and only compute capability 9.x at
+#   commit 0174dfab, which leaves the layout to cuBLASLt elsewhere; Sources);
 # - the second operand's two dimensions, and the first operand's inner one, multiples of 16;
 # - never e5m2 times e5m2: e5m2 is for gradients, paired with e4m3.
 #

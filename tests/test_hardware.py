@@ -410,7 +410,7 @@ def test_every_function_that_takes_a_precision_parses_it(name):
 
 # Each device class a learner may be on: its bfloat16 / float16 report rows, and the widget's
 # "used on" line for bf16 and fp16 (lesson 00). A CPU runs both 16-bit types, fast or not.
-CPU_RUNS = "yes: CPU autocast runs it, fast or slow (the report's measured matmul rate says which)"
+CPU_RUNS = "yes: CPU autocast runs it, fast or slow (a measured matmul rate says which: lesson 00 prints them)"
 CPU_NO_BF16, CPU_NATIVE_BF16 = "no AVX512-BF16 or AMX-BF16 (the measured rate decides)", \
     "native instructions (AVX512-BF16 or AMX-BF16)"
 CPU_NO_FP16, CPU_NATIVE_FP16 = "no AVX512-FP16 or AMX-FP16 (its rate is measured)", \

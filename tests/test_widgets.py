@@ -184,8 +184,8 @@ def test_describe_precision_fp16_against_torch():
     text = widgets.describe_precision("fp16", "cpu")
     assert "compute dtype  torch.float16" in text and "GradScaler     yes" in text
     # CPU autocast runs float16 whatever its speed; the line says so instead of promising speed
-    assert text.splitlines()[-1] == ("used on cpu    yes: CPU autocast runs it, fast or slow (the report's "
-                                     "measured matmul rate says which)")
+    assert text.splitlines()[-1] == ("used on cpu    yes: CPU autocast runs it, fast or slow (a measured "
+                                     "matmul rate says which: lesson 00 prints them)")
     assert widgets.describe_precision("fp32", "cpu").splitlines()[-1] == "used on cpu    yes"
     assert "no: " in widgets.describe_precision("tf32", "cpu").splitlines()[-1]
 

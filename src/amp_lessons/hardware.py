@@ -394,7 +394,7 @@ class Machine:
         if why is not None:
             return "no: " + why
         if self.type == "cpu" and name in ("bf16", "fp16"):
-            return "yes: CPU autocast runs it, fast or slow (the report's measured matmul rate says which)"
+            return "yes: CPU autocast runs it, fast or slow (a measured matmul rate says which: lesson 00 prints them)"
         return "yes"
 
     def report(self) -> HardwareReport:
