@@ -385,6 +385,7 @@ def test_a_precision_too_slow_here_is_skipped_and_says_why(monkeypatch):
     assert fp16.activation_ratio == fp16.activation_mb / fp32.activation_mb
     assert "too slow: one step is" in benchcli.table(result)
     assert bench.speed_verdict(fp16.speedup, "fp16") == "fp16 was not timed here: the bench's table says why."
+    assert bench.speed_verdict(fp16.speedup, "fp16", fp16) == f"fp16 was not timed here (too slow): {fp16.reason}"
 
 
 def test_a_slow_matmul_size_is_skipped_not_run(monkeypatch):
