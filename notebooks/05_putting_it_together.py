@@ -306,7 +306,7 @@ plots.matmul_rates(b)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print("\n".join(benchcli.breakdown_lines(b, "mlp")))
+print("\n".join(benchcli.breakdown_lines(b, "mlp", amdahl=False)))
 
 # %%
 plots.step_breakdown(b, "mlp")
@@ -319,9 +319,9 @@ plots.step_breakdown(b, "mlp")
 # median of three steps, and this lesson does not find a cause. Here the matmuls are what
 # shrink; the casts are new work.
 #
-# The table's other speedups are not the headline remeasured: its Amdahl figures are
-# estimates, and its timed ones are Trainer steps, run apart from the bench table. The
-# categories account for each profiled step:
+# The `vs fp32` column of the table's last block is not the headline remeasured: it times
+# Trainer steps, run apart from the bench table. The categories account for each profiled
+# step:
 
 # %%
 coverage = [s.coverage for s in b.breakdowns if s.model == "mlp"]
@@ -334,10 +334,10 @@ print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 
 
 # %% [markdown]
 # **Amdahl's law** estimates what faster matmuls alone give: with a matmul share *f* of the
-# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r). It is no cap: elementwise
-# ops on 16-bit tensors move half the bytes and run faster where memory bandwidth limits
-# them (NVIDIA's mixed-precision guide), and autocast's casts add work. The table's
-# `vs fp32` lines apply it to the bench MLP.
+# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r);
+# `python -m amp_lessons bench --breakdown` prints it. It is no cap: elementwise ops on
+# 16-bit tensors move half the bytes and run faster where memory bandwidth limits them
+# (NVIDIA's mixed-precision guide), and autocast's casts add work.
 #
 # The table's last block times three changes aimed at the rest of the step:
 # `grad_stats=False` (no per-step gradient statistics, which lessons 03 and 04 read), then

@@ -302,6 +302,9 @@ def test_breakdown_table_names_categories_peak_and_amdahl(capsys, tmp_path):
     result = benchcli.result_from_args(build_parser().parse_args(["bench", *SMALL, "--breakdown"]))
     short = benchcli.table(result, breakdown=False)
     assert "where one Trainer step" not in short and benchcli.table(result).startswith(short + "\n\nwhere one")
+    without = "\n".join(benchcli.breakdown_lines(result, "mlp", amdahl=False))
+    assert "Amdahl" not in without and "if everything but the matmuls were free" not in without
+    assert "of this device's measured bf16 peak" in without and "what closes part of the gap" in without
 
 
 def test_compile_and_plot_need_the_breakdown(capsys):
