@@ -104,7 +104,7 @@ print(result.quality_table())
 # in the mean loss of the last 20 steps:
 
 # %%
-from amp_lessons.claims import at_least, at_most, between, check, measured
+from amp_lessons.claims import at_least, at_most, check, measured
 
 fp32_run = result.runs["fp32"]
 for p, run in result.runs.items():
@@ -157,9 +157,10 @@ for p, run in result.runs.items():
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
 # that remain belong to the loss: on a CPU autocast casts the logits to float32 for it, and
-# its `log_softmax` saves its float32 output (on CUDA it runs in 16 bits, lesson 02). The
-# labels are int64. The ratio to fp32 (exact byte counts, the same on every CPU), and the
-# card's claim against it:
+# its `log_softmax` saves its float32 output. On CUDA `log_softmax` runs in 16 bits, but
+# `nll_loss` is on CUDA's float32 list and saves a float32 copy of the log-probabilities
+# (lesson 02, Sources). The labels are int64. The ratio to fp32 (exact byte counts, the
+# same on every CPU), and the card's claim against it:
 
 # %%
 from amp_lessons.precision import sixteen_bit
@@ -183,8 +184,10 @@ from amp_lessons.models import TransformerBlock
 block, tokens = TransformerBlock().to(device), torch.zeros(8, 16, 64, device=device)
 low16 = sixteen_bit(result.runs)[0]
 kept = saved_memory(block, tokens, precision=low16)
-print(f"{low16}: the block keeps {kept.activation_bytes / saved_memory(block, tokens).activation_bytes:.2f} of "
-      f"fp32's activation bytes, {kept.by_dtype.get('float32', 0) / kept.activation_bytes:.0%} of them float32")
+block_ratio = kept.activation_bytes / saved_memory(block, tokens).activation_bytes
+print(f"{low16}: the block keeps {block_ratio:.2f} of fp32's activation bytes "
+      f"({'inside' if 0.45 <= block_ratio <= 0.55 else 'outside'} the card's half, 0.45 to 0.55), "
+      f"{kept.by_dtype.get('float32', 0) / kept.activation_bytes:.0%} of them float32")
 print(f"{low16}, saved activation bytes by layer and dtype:", saved_by_layer(block, tokens, low16))
 with torch.no_grad(), torch.autocast(device.type, dtype=dtype_of(low16)):
     out = block(tokens)
@@ -273,7 +276,8 @@ print(benchcli.table(b, breakdown=False))
 # NBVAL_IGNORE_OUTPUT
 digits_rate = {"the digits MLP": result.runs["fp32"].gflops}
 for p in [p for p in result.runs if p != "fp32"]:
-    print(f"bench MLP: {bench.speed_verdict(b.row('mlp', p).speedup, p)}\nWhy:")
+    row = b.row("mlp", p)
+    print(f"bench MLP: {bench.speed_verdict(row.speedup, p, row)}\nWhy:")
     print("\n".join("  - " + reason for reason in bench.speed_reasons(b, p, digits_rate, with_shares=False)))
 print("And for both steps:")
 print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs, digits_rate, amdahl=False)))
@@ -282,8 +286,10 @@ print("\n".join("  - " + reason for reason in bench.share_reasons(b, result.runs
 plots.matmul_rates(b)
 
 # %% [markdown]
-# The card's 2-3x is PyTorch's AMP recipe's figure for GPUs with **tensor cores** (NVIDIA:
-# fp16 from Volta on, bf16 from Ampere on). On an x86 CPU the 16-bit matmul hardware is
+# The card's 2-3x is PyTorch's AMP recipe's figure for its own large linear layers in
+# float16 on Volta, Turing and Ampere GPUs, and the recipe warns: "Small networks may be
+# CPU bound". An NVIDIA GPU's 16-bit matmul hardware is **tensor cores** (fp16 from Volta
+# on, bf16 from Ampere on). On an x86 CPU it is
 # **AMX tiles** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on), or the
 # vector units' AVX512-BF16 dot product and AVX512-FP16 arithmetic; the reasons above name
 # the ones this device has, and the matmul figure measures them.
@@ -300,42 +306,43 @@ plots.matmul_rates(b)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print("\n".join(benchcli.breakdown_lines(b, "mlp")))
+print("\n".join(benchcli.breakdown_lines(b, "mlp", amdahl=False)))
 
 # %%
 plots.step_breakdown(b, "mlp")
 
 # %% [markdown]
 # The optimizer, the bookkeeping and the batch fetch do the same work in bf16 as in fp32
-# (AdamW updates the float32 master weights from float32 gradients; fp16's optimizer bar
-# adds the GradScaler's unscale): none of it is 16-bit work, so bf16 does not shorten it.
-# Where one of these bars differs between the two, that is not 16-bit arithmetic: the
-# steps took turns in the same rounds, but each bar is a median of three steps, and this
-# lesson does not find a cause. Here the matmuls are what shrink; the casts are new work.
+# (AdamW updates the float32 master weights from float32 gradients): none of it is 16-bit
+# work, so bf16 does not shorten it. Where one of these bars differs between the two, that
+# is not 16-bit arithmetic: the steps took turns in the same rounds, but each bar is a
+# median of three steps, and this lesson does not find a cause. Here the matmuls are what
+# shrink; the casts are new work.
 #
-# The table's other speedups are not the headline remeasured: its Amdahl figures are
-# estimates, and its timed ones are Trainer steps (with their bookkeeping), run apart from
-# the bench table, with the profiler (which adds time to every op) and without it, so their
-# ratios differ from the headline's. The categories account for each profiled step:
+# The `vs fp32` column of the table's last block is not the headline remeasured: it times
+# Trainer steps, run apart from the bench table. The categories account for each profiled
+# step:
 
 # %%
+coverage = [s.coverage for s in b.breakdowns if s.model == "mlp"]
+print(check("the categories account for each profiled step, within 10% (0.9 to 1.1)",
+            all(0.9 <= c <= 1.1 for c in coverage),
+            f"from {measured(min(coverage), '.2f')} to {measured(max(coverage), '.2f')}"))
 fp32_step = b.breakdown("mlp", "fp32")
-print(between("the categories account for each profiled fp32 step", fp32_step.coverage, 0.9, 1.1, ".2f"))
 print(at_least("matmuls are a large part, at least 20%, of the bench MLP's fp32 step",
                fp32_step.matmul_share, 0.2, ".2f"))
 
 # %% [markdown]
 # **Amdahl's law** estimates what faster matmuls alone give: with a matmul share *f* of the
-# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r). It is no cap: elementwise
-# ops on 16-bit tensors move half the bytes and run faster where memory bandwidth limits
-# them (NVIDIA's mixed-precision guide), and autocast's casts add work. The table's
-# `vs fp32` lines apply it to the bench MLP.
+# fp32 step and matmuls *r* times faster, 1 / ((1 - f) + f / r);
+# `python -m amp_lessons bench --breakdown` prints it. It is no cap: elementwise ops on
+# 16-bit tensors move half the bytes and run faster where memory bandwidth limits them
+# (NVIDIA's mixed-precision guide), and autocast's casts add work.
 #
-# So the speedup has two parts: how much faster this device's 16-bit matmuls are, and how
-# much of the step is not matmuls. The table's last block times three changes aimed at
-# the second part: `grad_stats=False` (no per-step gradient statistics, which lessons 03
-# and 04 read), then `AdamW(foreach=True)` (each operation one `torch._foreach_*` call on
-# the list of tensors, not a Python loop) and `AdamW(fused=True)` (the whole update one
+# The table's last block times three changes aimed at the rest of the step:
+# `grad_stats=False` (no per-step gradient statistics, which lessons 03 and 04 read), then
+# `AdamW(foreach=True)` (each operation one `torch._foreach_*` call on the list of
+# tensors, not a Python loop) and `AdamW(fused=True)` (the whole update one
 # `torch._fused_adamw_` call). On a CPU both still loop over the tensors in C++, one op or
 # one fused kernel per tensor; on CUDA both run through `multi_tensor_apply`, whose kernel
 # launches each cover chunks of many tensors (Sources). On a busy machine these gains are
@@ -556,10 +563,10 @@ else:
 # - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block whose
 #   residual stream is float32 keeps more: its layer norms save float32). Still no batch
 #   twice as large fits in fp32's memory: autocast adds 16-bit weight copies, and some
-#   saved bytes never halve (the labels' int64; on a CPU the loss's float32).
-# - Here the speedup came mostly from 16-bit matmuls faster than float32's (tensor cores, AMX,
-#   AVX512-BF16, AVX512-FP16); Amdahl's law on the matmul share estimates it:
-#   `python -m amp_lessons bench --breakdown`.
+#   saved bytes never halve (the labels' int64, the loss's float32).
+# - In the stored run the bench MLP's bf16 speedup came from its matmuls (the breakdown),
+#   and the small digits MLP ran slower in 16 bits than in fp32. Amdahl's law on the matmul
+#   share estimates a step's speedup: `python -m amp_lessons bench --breakdown`.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs, and
 #   on CPUs with AMX-FP16 where oneDNN takes it; `"medium"` also allows bf16 for a CPU's
 #   float32 matmuls.
@@ -614,8 +621,11 @@ check_setup(my_setup, device)
 #   (`docs/source/notes/cuda.md`) and numerical-accuracy notes
 #   (`docs/source/notes/numerical_accuracy.md`).
 # - Which ops autocast runs in float32, per device: the Autocast Op Reference,
-#   `docs/source/amp.md` (lesson 02 traces them).
-# - The 2-3x on tensor-core GPUs: PyTorch's AMP recipe (lesson 00's Sources).
+#   `docs/source/amp.md` (lesson 02 traces them). The loss on CUDA: `cross_entropy_loss`
+#   in `aten/src/ATen/native/LossNLL.cpp` (`log_softmax` in the input's dtype, then
+#   `nll_loss`) and CUDA's float32 list, `AT_FORALL_FP32` in `aten/src/ATen/autocast_mode.h`.
+# - The 2-3x, its scope and "Small networks may be CPU bound": PyTorch's AMP recipe (lesson
+#   00's Sources).
 # - Which tensor cores take fp16 and bf16: NVIDIA's Volta and Ampere architecture
 #   whitepapers; AMX-BF16, AMX-FP16, AVX512-FP16 and AVX512-BF16's dot product
 #   (`VDPBF16PS`): Intel's Architecture Instruction Set Extensions Programming Reference.

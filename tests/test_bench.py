@@ -302,6 +302,9 @@ def test_breakdown_table_names_categories_peak_and_amdahl(capsys, tmp_path):
     result = benchcli.result_from_args(build_parser().parse_args(["bench", *SMALL, "--breakdown"]))
     short = benchcli.table(result, breakdown=False)
     assert "where one Trainer step" not in short and benchcli.table(result).startswith(short + "\n\nwhere one")
+    without = "\n".join(benchcli.breakdown_lines(result, "mlp", amdahl=False))
+    assert "Amdahl" not in without and "if everything but the matmuls were free" not in without
+    assert "of this device's measured bf16 peak" in without and "what closes part of the gap" in without
 
 
 def test_compile_and_plot_need_the_breakdown(capsys):
@@ -385,6 +388,7 @@ def test_a_precision_too_slow_here_is_skipped_and_says_why(monkeypatch):
     assert fp16.activation_ratio == fp16.activation_mb / fp32.activation_mb
     assert "too slow: one step is" in benchcli.table(result)
     assert bench.speed_verdict(fp16.speedup, "fp16") == "fp16 was not timed here: the bench's table says why."
+    assert bench.speed_verdict(fp16.speedup, "fp16", fp16) == f"fp16 was not timed here (too slow): {fp16.reason}"
 
 
 def test_a_slow_matmul_size_is_skipped_not_run(monkeypatch):

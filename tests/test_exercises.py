@@ -203,6 +203,21 @@ def test_setup_checker_refuses_a_scaler_whose_scale_lifts_nothing():
         assert "right: float16 with a GradScaler" not in text
 
 
+def test_setup_checker_asks_for_a_scale_that_lifts_subnormals():
+    def scaled_by(init_scale):
+        def setup(device_type):
+            model = mlp(64, 64, 10).to(device_type)
+            return (model, torch.optim.Adam(model.parameters()),
+                    torch.amp.GradScaler(device_type, init_scale=init_scale), torch.float16)
+        return setup
+
+    low = check_setup(scaled_by(1.5), "cpu", steps=2)
+    assert not low.passed and "starts at scale 1.5, below 2**10" in str(low)
+    assert "stays below its smallest normal, 2^-14" in str(low) and "only after 2,000 steps" in str(low)
+    enough = check_setup(scaled_by(2.0**10), "cpu", steps=2)
+    assert enough.passed and "right: float16 with a GradScaler" in str(enough)
+
+
 def test_setup_checker_names_an_optimizer_built_on_another_model():
     def other_params(device_type):
         model = mlp(64, 64, 10).to(device_type)

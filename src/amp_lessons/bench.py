@@ -642,10 +642,12 @@ def _matmul_rows(sizes, precision, why_not, dev, limit: float = MAX_MATMUL_SECON
 CARD_SPEEDUP = (2.0, 3.0)  # "2-3x faster training ... on modern GPUs"
 
 
-def speed_verdict(speedup: float | None, precision: str) -> str:
+def speed_verdict(speedup: float | None, precision: str, row: Row | None = None) -> str:
     """One sentence on a measured speed ratio (``fp32 time / precision time``); ``None``
-    (a row the bench did not time) says so."""
+    (a row the bench did not time) says so, with the ``row``'s status and reason where given (05)."""
     if speedup is None:
+        if row is not None and row.reason:
+            return f"{precision} was not timed here ({row.status}): {row.reason}"
         return f"{precision} was not timed here: the bench's table says why."
     if speedup > CARD_SPEEDUP[1]:
         return f"{precision} ran {speedup:.1f}x as fast as fp32 here: above the card's 2-3x."
@@ -832,11 +834,11 @@ class SideBySide:
         """Accuracy, final loss, skipped steps and activation memory. The memory columns are
         exact byte counts; accuracy and loss come out of float kernels (``≈``, lesson 05)."""
         lines = [f"{'precision':<13}{'accuracy':>9}{'final loss':>11}{'skipped':>8}"
-                 f"{'act MiB':>9}{'vs fp32':>8}{'w-copy MiB':>11}"]
+                 f"{'act MiB':>9}{'act ratio':>10}{'w-copy MiB':>11}"]
         for p, r in self.runs.items():
             label = p + (" +scaler" if needs_scaler(p) else "")
             lines.append(f"{label:<13}{measured(r.accuracy, '.2f'):>9}{measured(r.losses[-1], '.2f'):>11}"
-                         f"{r.skipped:>8}{r.activation_mb:>9.3f}{self.memory_ratio(p):>8.2f}{r.weight_copy_mb:>11.3f}")
+                         f"{r.skipped:>8}{r.activation_mb:>9.3f}{self.memory_ratio(p):>10.2f}{r.weight_copy_mb:>11.3f}")
         return "\n".join(lines)
 
     def speed_table(self) -> str:

@@ -81,8 +81,9 @@ def _matmul_lines(result: BenchResult) -> list[str]:
         notes += [f"  {p} n={m.n}: {m.reason}" for m in cells.values() if m.gflops is None and m.reason]
     return out + notes
 
-def breakdown_lines(result: BenchResult, kind: str) -> list[str]:
-    """One model's step breakdown, fraction of peak, Amdahl lines and closing table."""
+def breakdown_lines(result: BenchResult, kind: str, amdahl: bool = True) -> list[str]:
+    """One model's step breakdown, fraction of peak, Amdahl lines (``amdahl=False`` leaves
+    them out, as 05 does) and closing table."""
     bds = [b for b in result.breakdowns if b.model == kind]
     if not bds:
         return []
@@ -104,9 +105,9 @@ def breakdown_lines(result: BenchResult, kind: str) -> list[str]:
                      f"({b.peak_gflops:.0f} at n={b.peak_n})")
             line += f"; inside the matmul ops {b.matmul_gflops:.0f} ({b.matmul_gflops / b.peak_gflops:.0%})"
         out.append(line)
-    lines = [result.amdahl(kind, b.precision) for b in bds if b.precision != "fp32"]
+    lines = [result.amdahl(kind, b.precision) for b in bds if b.precision != "fp32"] if amdahl else []
     fp32 = result.breakdown(kind, "fp32")
-    if fp32 is not None:
+    if fp32 is not None and amdahl:
         out.append(f"fp32: if everything but the matmuls were free, the step would be "
                    f"{1 / fp32.matmul_share if fp32.matmul_share else float('inf'):.2f}x faster")
     out += [a.line() for a in lines if a is not None]

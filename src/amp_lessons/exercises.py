@@ -720,12 +720,15 @@ def _half_weights_finding(low, params, optimizer) -> str:
     return text
 
 
+MIN_INIT_SCALE = 2.0**10  # 05: lifts float16's smallest subnormal, 2^-24, to its smallest normal, 2^-14
+
+
 def check_setup(setup, device=None, steps: int = 5) -> Verdict:
     """Check ``setup(device_type) -> (model, optimizer, scaler, dtype)`` for mixed precision.
 
     The task is a float16 run, so a bfloat16 dtype is refused. Inspects the weights' dtype
     (and, where they are 16-bit, what that does to Adam), the GradScaler (on, for the
-    right device, and starting at a scale above 1); then trains ``steps`` steps on the digits with the card's recipe and
+    right device, and starting at a scale of at least 2**10); then trains ``steps`` steps on the digits with the card's recipe and
     looks for inf/NaN weights and losses and for weights that never moved; an optimizer that holds not
     all of the model's parameters (or other tensors) is named. Used in 05.
     """
@@ -775,6 +778,11 @@ def check_setup(setup, device=None, steps: int = 5) -> Verdict:
             "no small gradient out of float16's flush to zero, and it grows only after "
             f"{scaler.get_growth_interval():,} steps without overflow. Keep the default init_scale "
             "(2.0**16): GradScaler starts high and lowers the scale where gradients overflow")
+    elif dtype == torch.float16 and scaler.get_scale() < MIN_INIT_SCALE:
+        bug(f"the GradScaler starts at scale {scaler.get_scale():g}, below 2**10: scaled by it, a gradient of "
+            "2^-24 (float16's smallest subnormal) stays below its smallest normal, 2^-14, so it keeps fewer "
+            "mantissa bits; the scale grows only after "
+            f"{scaler.get_growth_interval():,} steps without overflow. Keep the default init_scale (2.0**16)")
     elif dtype == torch.float16:
         findings.append("right: float16 with a GradScaler")
     elif scaler.is_enabled():
