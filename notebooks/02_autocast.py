@@ -63,15 +63,15 @@ print(f"device {report.device} ({report.name}), torch {report.torch_version}")
 print(f"lesson 00 recommends {report.recommended} here")
 
 # %% [markdown]
-# ## The card's example, as written
+# ## The card's example
 #
-# The card ends with an example (lesson 00 quotes the text before it); here it is as the
-# card writes it. It picks float16 on a GPU and bfloat16 on a CPU, runs one training step,
+# The card ends with an example (lesson 00 quotes the text before it); here it is, its code
+# and comments unchanged. It picks float16 on a GPU and bfloat16 on a CPU, runs one training step,
 # and prints two dtypes. **Predict** before you run it: what will `logits.dtype` and
 # `loss.dtype` be?
 
 # %%
-import torch  # noqa: F811  (the card's example, as written)
+import torch  # noqa: F811  (the card's example)
 from torch import nn
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,8 +133,8 @@ print(mlp_trace.table())
 # autocast cast the float32 weight and bias to 16-bit, and for the first layer the input too
 # (the shape tells which). The last column marks a float32 result `<- autocast fp32` when
 # autocast caused it (cast an input up, or asked for float32), `<- already fp32` when
-# autocast had no part in it (its inputs were float32, or type promotion made a float32 and a
-# 16-bit input float32). On a CPU `cross_entropy` is on the float32 list: autocast
+# autocast neither cast its inputs nor asked for its dtype (it may read a float32 tensor
+# autocast made earlier, as `nll_loss_forward` does below). On a CPU `cross_entropy` is on the float32 list: autocast
 # casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
 # `nll_loss_forward` reads `_log_softmax`'s float32 result.
 #

@@ -293,11 +293,9 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 # - the optimizer's own step count (Adam's `state[p]["step"]`) did not move;
 # - the weights did not change.
 #
-# A fused optimizer (`fused=True` Adam, AdamW or SGD in torch 2.11 and 2.13; Adagrad too in
-# 2.13) is the exception to the first sentence: GradScaler calls its `step()` every time,
-# and the optimizer skips the update itself (`_step_supports_amp_scaling`, read in
-# `grad_scaler.py`, set in `torch/optim/adam.py`, `sgd.py` and, in 2.13, `adagrad.py`; fused
-# Adam takes `found_inf` back off its step count, `_fused_adam` in `torch/optim/adam.py`).
+# A `fused=True` optimizer is the exception to the first sentence: GradScaler calls its
+# `step()` every time and the optimizer skips the update itself (lesson 06's table says
+# which optimizers, by release).
 
 # %%
 from amp_lessons.training import History
@@ -320,9 +318,9 @@ print(f"step {record.step}: skipped {record.skipped}, weights unchanged "
 # ## Why the first steps can be skipped
 #
 # A scale can also be too large: a scaled gradient that fp16 holds overflows to inf from
-# 65520 on, halfway between fp16's largest, 65504, and 65536 (here each parameter's
-# gradient is computed in fp16 before its cast to float32, traced below). A loss summed
-# instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence) has
+# 65520 on, halfway between fp16's largest, 65504, and 65536 (lesson 01; here each
+# parameter's gradient is computed in fp16 before its cast to float32, traced below). A loss
+# summed instead of averaged (`reduction="sum"`, or a sum over the tokens of a sequence) has
 # gradients as many times larger as there are terms in the sum. Here is the same
 # network with the cross-entropy summed over the batch of 64. **Predict** what happens to
 # steps 0 and 1.
@@ -416,11 +414,10 @@ print(textwrap.fill("the warning: " + first[0], 90))
 
 # %% [markdown]
 # One warning, in the first run only: PyTorch checks the order once, at the scheduler's
-# first step, when `optimizer.step()` has not run yet (the fused optimizers above have
-# their `step()` run even on a skipped step, so in a loop in the right order they never
-# warn). A step skipped later moves the schedule on with no warning at all, and each skipped step moves the warm-up or the decay
-# on for an update that never happened. Step the scheduler only after a step that was not
-# skipped (the signs above tell which), as the `Trainer` does.
+# first step, and warns if no `optimizer.step()` has run since the scheduler was built. A
+# step skipped later moves the schedule on with no warning at all, and each skipped step
+# moves the warm-up or the decay on for an update that never happened. Step the scheduler
+# only after a step that was not skipped (the signs above tell which), as the `Trainer` does.
 #
 # ## Saving and restoring the scaler
 #
@@ -511,13 +508,13 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 # - The first steps of a run can be skipped while the scale falls from 65536: normal.
 #   A scale that keeps falling most likely means inf/NaN at any scale: look at the data and
 #   the lr.
-# - Step the lr scheduler only when the step was not skipped: in a loop in the right order,
-#   PyTorch warns at most once per scheduler, and only if the very first step is skipped
-#   (above).
+# - Step the lr scheduler only when the step was not skipped: PyTorch warns at most once per
+#   scheduler, at its first step, and only if no optimizer step has run since the scheduler
+#   was built (above).
 # - Save and load `scaler.state_dict()` with your checkpoints.
 # - `torch.amp.GradScaler()` without a device means `"cuda"`: on a machine without CUDA it
-#   warns and disables itself, unless `torch_xla` is installed: then it stays enabled, for a
-#   `"cuda"` device the machine lacks. Pass the device: `torch.amp.GradScaler(device.type)`.
+#   warns and disables itself (unless `torch_xla` is installed: then it stays enabled, with no
+#   warning). Pass the device: `torch.amp.GradScaler(device.type)`.
 
 # %% [markdown]
 # ## Exercise: a step that knows it was skipped

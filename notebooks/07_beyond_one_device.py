@@ -256,9 +256,9 @@ print(f"\nrank 0's float32 shard: {4 * n // fsdp.world_size:,} bytes; the whole 
 print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
 
 # %% [markdown]
-# FSDP2's policy is not autocast. It casts the gathered parameters (and, with
-# `cast_forward_inputs`, the inputs) to `param_dtype`, and each op then runs in the dtype of
-# what it is given, as without autocast: the ops after a bf16 Linear run in bf16, including
+# FSDP2's policy is not autocast. It casts each parameter's shard to `param_dtype` before
+# the all-gather (`FSDPParam.all_gather_inputs`) and, with `cast_forward_inputs`, the
+# module's inputs; each op then runs in the dtype of what it is given, as without autocast: the ops after a bf16 Linear run in bf16, including
 # the ones autocast would keep in float32. This MLP's output is bf16, so the course's ranks
 # compute the loss from `logits.float()`. `MixedPrecisionPolicy(output_dtype=torch.float32)`
 # casts a sharded module's *outputs* instead, and leaves the ops inside (a softmax in
@@ -299,7 +299,7 @@ print(f"bf16's spacing next to 1.0: {torch.finfo(torch.bfloat16).eps}; "
 # %% [markdown]
 # Next to 1.0, bf16's numbers are 0.0078 apart, so 0.001 rounds away. fp16's largest value
 # is 65504, so 80000 overflows to inf. Dividing before the sum keeps it finite here. bf16 has
-# float32's range and does not overflow, but it rounds.
+# nearly float32's range and does not overflow here, but it rounds.
 #
 # FSDP2 divides an fp16 reduce-scatter in two parts: by a power of two `pre` before the sum,
 # by `W / pre` after, with `pre` about the square root of W. At 2 ranks all of it comes
@@ -352,8 +352,8 @@ at_least("on these gradients of about 1e-3, a bf16 all-reduce is off by at least
 # cast and divide showed above.
 #
 # Two ranks add each gradient only once. A ring all-reduce over W ranks adds hop by hop;
-# if each hop's sum is rounded to the reduce dtype (this simulation's assumption; NCCL may
-# also pick a tree), the error grows with W. `ring_errors` simulates that order of additions
+# if each hop's sum is rounded to the reduce dtype (this simulation's assumption), the error
+# grows with W. `ring_errors` simulates that order of additions
 # in this process: no ranks are started, and the world sizes are simulated.
 #
 # **Predict:** does bf16's error at 64 ranks stay near its error at 2?
@@ -517,7 +517,6 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 # | fewer bytes handed to collectives | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
 # | fp16 | one GradScaler per rank; the all-reduce spreads an inf | `torch.amp.GradScaler` (DTensor agrees its found-inf flag across ranks) or `ShardedGradScaler` |
 # | gradient accumulation | `with model.no_sync():` for all micro-batches but the last | `model.set_requires_gradient_sync(False)`, likewise |
-# | needed when | | DDP's bytes per rank, plus activations, do not fit on one device (the 7B count above) |
 #
 # ## When a launch goes wrong
 #

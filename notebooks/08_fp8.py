@@ -121,8 +121,8 @@ for name in ("fp8_e4m3", "fp8_e5m2"):
 
 # %% [markdown]
 # An fp8 tensor is storage for a matmul, not a number type you compute with. It takes one
-# byte per value, and torch's CPU kernels refuse most arithmetic on it (`add` for one; `*`
-# runs there):
+# byte per value, and torch's CPU kernels refuse arithmetic such as `add` on it (`*`
+# between two fp8 tensors of one dtype runs):
 
 # %%
 from amp_lessons.show import expect_error
@@ -360,9 +360,9 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, not run here; Sources): compute
 # capability 8.9 or 9.0+, and
 #
-# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule; torch's
-#   own check of it covers every GPU at commit 2bec3bd and only compute capability 9.x at
-#   commit 0174dfab, which leaves the layout to cuBLASLt elsewhere; Sources);
+# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule), which
+#   torch checks on Hopper; a comment in torch's source says Blackwell takes every layout
+#   (the release history is in Sources);
 # - the second operand's two dimensions, and the first operand's inner one, multiples of 16;
 # - never e5m2 times e5m2: e5m2 is for gradients, paired with e4m3.
 #
@@ -508,8 +508,8 @@ print("layer 0's input scale at every step is 448 / 1 (a pixel at 1 in every bat
 #
 # torchao's `convert_to_float8_training` runs the same tensorwise recipe, with
 # `torch.compile` support. One difference we found in its `config.py`: its forward matmul
-# sets `use_fast_accum=True`, "fast accumulation in lower precision" on an fp8 GPU (lesson
-# 09). It is optional (`pip install -e ".[fp8]"`); where it is installed, this cell trains
+# sets `use_fast_accum=True`, "fast accumulation in lower precision" on an fp8 GPU. It is
+# optional (`pip install -e ".[fp8]"`); where it is installed, this cell trains
 # the same model with it, keeping the same layers (`module_filter_fn`).
 
 # %%
@@ -618,7 +618,8 @@ check_row_scale(my_row_scale)
 # - `_scaled_mm`'s CUDA rules: `aten/src/ATen/native/cuda/ScaledBlas.cpp`. Layout: its
 #   `_scaled_gemm` (commit 2bec3bd, for every GPU; at commit 0174dfab only where
 #   `scaled_mm_arch_allowed(sm90_only)` holds, `major == 9` in `ScaledBlasDeviceUtils.cpp`,
-#   pull request 190703) refuses others, "Only multiplication of
+#   pull request 190703, beside the comment "H100 only supports row-major x column-major, but
+#   all permutaitons are supported on Blackwells") refuses others, "Only multiplication of
 #   row-major and column-major matrices is supported by cuBLASLt" (a message in torch
 #   2.11's `libtorch_cuda.so`), after cuBLASLt's fp8 rule "A must be transposed and B
 #   non-transposed" (`cublasLtMatmul()`).

@@ -789,8 +789,8 @@ def test_exercise_checker_hints_with_the_rule_not_the_answer(dtype):
     hint = check_dtype_predictions({"native_group_norm": short(dtype)}, cuda, ops=None).findings[0]
     assert hint == ("native_group_norm: not yet. Autocast stepped in for this op (rule 1 or 2): "
                     "which of cuda (simulated)'s two lists is it on? Look it up: the three rules "
-                    "name their ops, and the AMP docs' \"Autocast Op Reference\" lists CUDA's "
-                    "and the CPU's in full.")
+                    "name their ops, and the full lists are in aten/src/ATen/autocast_mode.h and "
+                    "autocast_mode.cpp.")
     assert conv.removeprefix("convolution") == hint.removeprefix("native_group_norm").replace(
         "cuda (simulated)", "cpu")
     # CUDA's nll_loss is on the float32 list, but its input came float32 from log_softmax

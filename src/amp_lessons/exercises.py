@@ -124,7 +124,7 @@ def _rule_hint(op: str, record, device: str) -> str:
     if record.rule in (1, 2):
         return (f"{op}: not yet. Autocast stepped in for this op (rule 1 or 2): which of "
                 f"{device}'s two lists is it on? Look it up: the three rules name their ops, "
-                "and the AMP docs' \"Autocast Op Reference\" lists CUDA's and the CPU's in full.")
+                "and the full lists are in aten/src/ATen/autocast_mode.h and autocast_mode.cpp.")
     hint = (f"{op}: not yet. Rule 3 decided this one: autocast had nothing to cast on {device} "
             "(the op is on no list, or its inputs had its list's dtype already), so it ran in "
             "the dtype its inputs gave it. Which dtype did the op before it produce?")
