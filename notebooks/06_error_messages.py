@@ -99,7 +99,7 @@ print(textwrap.fill(runs[False].warnings[0], 90))
 # |---|---|---|---|---|
 # | not fused (and `fused=True` Adagrad in torch 2.11) | no | yes | no | not needed |
 # | `fused=True` Adam, AdamW, Adagrad | yes, without `unscale_`; it skips in its kernel | no | yes | `opt.state[p]["step"]` |
-# | `fused=True` SGD | the same, but a skipped first step leaves its momentum buffer uninitialised (below) | no | yes | none |
+# | `fused=True` SGD | the same, but with momentum a skipped first step leaves its momentum buffer uninitialised (below) | no | yes | none |
 #
 # Fused SGD with momentum makes its momentum buffers at its first step
 # (`momentum_buffer_list[i] = torch.empty_like(g)` in `_fused_sgd`, `torch/optim/sgd.py`,
@@ -205,7 +205,7 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 #
 # Step each lr scheduler when its own optimizer did: `opt.register_step_post_hook(fn)`
 # calls `fn` after each step that ran; for a fused optimizer, section 1's table says what
-# to compare instead. Fused SGD (with `momentum=0`: section 1) keeps no step count: there,
+# to compare instead. Fused SGD keeps no step count: there, with `momentum=0` (section 1),
 # give each optimizer its own GradScaler, with its own loss and backward, and each is
 # section 1's one-optimizer case.
 #
