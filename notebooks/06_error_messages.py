@@ -97,9 +97,24 @@ print(textwrap.fill(runs[False].warnings[0], 90))
 #
 # | optimizer | GradScaler calls its `step` | scheduler warning at a skipped first step | step post-hooks fire | a step count the skip leaves unchanged |
 # |---|---|---|---|---|
-# | not fused (and `fused=True` Adagrad in torch 2.11) | no | yes | no | (hooks suffice) |
+# | not fused (and `fused=True` Adagrad in torch 2.11) | no | yes | no | not needed |
 # | `fused=True` Adam, AdamW, Adagrad | yes, without `unscale_`; it skips in its kernel | no | yes | `opt.state[p]["step"]` |
-# | `fused=True` SGD | the same | no | yes | none |
+# | `fused=True` SGD | the same, but with momentum a skipped first step leaves its momentum buffer uninitialised (below) | no | yes | none |
+#
+# Fused SGD with momentum makes its momentum buffers at its first step
+# (`momentum_buffer_list[i] = torch.empty_like(g)` in `_fused_sgd`, `torch/optim/sgd.py`,
+# torch 2.11 and 2.13) for its kernel to fill. When that step is skipped, the kernel writes
+# nothing (Sources): the buffers stay in its state unwritten, and the next step starts from
+# whatever that memory held. Not fused, a skipped step leaves no state; with `momentum=0`,
+# there is no buffer:
+
+# %%
+for fused, momentum in ((False, 0.9), (True, 0.9), (True, 0.0)):
+    keys = errors.state_after_a_skipped_first_step(fused, momentum)
+    print(f"SGD(momentum={momentum:g}{', fused=True' * fused}), state after a skipped first step: {keys or 'none'}")
+
+# %% [markdown]
+# Under a GradScaler, use SGD with momentum not fused, or fused with `momentum=0`.
 #
 # With one optimizer, the fix steps the scheduler only when the scale did not drop, fused
 # or not (several optimizers: section 3); it reads `get_scale()`, a sync on CUDA (Sources),
@@ -190,8 +205,9 @@ print(errors.describe_two_optimizer_run(errors.two_optimizer_run(errors.step_two
 #
 # Step each lr scheduler when its own optimizer did: `opt.register_step_post_hook(fn)`
 # calls `fn` after each step that ran; for a fused optimizer, section 1's table says what
-# to compare instead. Fused SGD keeps no step count: there, give each optimizer its own
-# GradScaler, with its own loss and backward, and each is section 1's one-optimizer case.
+# to compare instead. Fused SGD keeps no step count: there, with `momentum=0` (section 1),
+# give each optimizer its own GradScaler, with its own loss and backward, and each is
+# section 1's one-optimizer case.
 #
 # ## 4. "Attempting to unscale FP16 gradients."
 #
@@ -206,9 +222,10 @@ with expect_error(ValueError):
 # %% [markdown]
 # After `model.half()` the weights, and so their gradients, are float16. GradScaler's
 # `unscale_` (which `step` calls when you have not) refuses float16 gradients: it assumes
-# float32 master weights, as the recipe keeps them. (With a fused optimizer, `scaler.step`
-# runs without `unscale_`, section 1's table: only an explicit `scaler.unscale_(opt)`, as in
-# lesson 04's clip, raises this.) Lesson 05 shows what `model.half()` costs besides:
+# float32 master weights, as the recipe keeps them (its author, in pytorch/pytorch#26512).
+# (With a fused optimizer, `scaler.step` runs without `unscale_`, section 1's table: only
+# an explicit `scaler.unscale_(opt)`, as in lesson 04's clip, raises this.) Lesson 05 shows
+# what `model.half()` costs besides:
 # updates smaller than half a float16 step vanish. The fix is the recipe of lesson 00's
 # card: float32 weights, autocast around the forward.
 
@@ -249,8 +266,8 @@ print(h.dtype, "->", head(h.float()).dtype)  # cast at the edge
 # %% [markdown]
 # Other layers word the same mistake their own way (the index lists them). The cell runs
 # three: `linear` on the `h` above with the head's weight and no bias; a convolution with a
-# bias; one without, with oneDNN off: by default, a CPU on which oneDNN takes bfloat16
-# (Sources says which) prints oneDNN's wording instead.
+# bias; one without, with oneDNN off. With oneDNN on (the default), a CPU on which oneDNN
+# takes bfloat16 (Sources says which) prints oneDNN's wording for that last one instead.
 
 # %%
 conv_body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -498,8 +515,9 @@ print(errors.weighted_loss_under_autocast(errors.tiny_model(), x, y, class_weigh
 # **"Current CUDA Device does not support bfloat16. Please switch dtype to float16."**
 # `torch.autocast("cuda", dtype=torch.bfloat16)` raises it when
 # `torch.cuda.is_bf16_supported()` says False (`torch/amp/autocast_mode.py`): with today's
-# query (section 11), only on a GPU that cannot even make a bfloat16 tensor; in older
-# releases, on any pre-Ampere GPU (karpathy/nanoGPT#277, a V100). Simulated here:
+# query (section 11), on a GPU that cannot even make a bfloat16 tensor, or with torch_xla
+# installed and no CUDA; in older releases, on any pre-Ampere GPU (karpathy/nanoGPT#277, a
+# V100). Simulated here:
 
 # %%
 with expect_error(RuntimeError):
@@ -645,7 +663,10 @@ check_two_model_loop(my_loop)
 #   refuses float16 gradients, and before the check that raises "No inf checks were recorded".
 # - Step post-hooks run after each step that ran (`torch/optim/optimizer.py`); fused Adam,
 #   AdamW and Adagrad take their step count back on an inf (`_fused_adam`, `_fused_adagrad`
-#   in `torch/optim/`).
+#   in `torch/optim/`). `_fused_sgd` makes the momentum buffers with `torch.empty_like`
+#   (`torch/optim/sgd.py`, l.511 in 2.13, l.512 in 2.11) before its kernel, which returns at
+#   an inf without writing them (`aten/src/ATen/native/FusedSGD.cpp`; CUDA's
+#   `FusedSgdMathFunctor`, `aten/src/ATen/native/cuda/FusedSgdKernel.cu`).
 # - CUDA's wording of the bias-free matmul dtype mismatch: `addmm_out_cuda_impl` in
 #   `aten/src/ATen/native/cuda/Blas.cpp`. A `Linear` with a bias on 2-D input calls `addmm`
 #   (`aten/src/ATen/native/Linear.cpp`), whose dtype check runs for every device before its

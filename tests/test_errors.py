@@ -34,6 +34,14 @@ def test_a_fused_optimizer_never_warns_and_the_scale_guard_still_holds():
     assert (fixed.warnings, fixed.optimizer_steps, fixed.scheduler_steps) == ([], 3, 3)
 
 
+def test_fused_sgd_keeps_a_momentum_buffer_from_a_skipped_first_step():
+    """Lesson 06, section 1: only fused SGD with momentum holds a buffer after a skipped first
+    step (made by torch.empty_like, never written: its values are not compared here)."""
+    assert errors.state_after_a_skipped_first_step(fused=True) == ["momentum_buffer"]
+    assert errors.state_after_a_skipped_first_step(fused=False) == []
+    assert errors.state_after_a_skipped_first_step(fused=True, momentum=0.0) == []
+
+
 def test_a_bias_free_convolution_without_onednn_words_it_as_the_native_kernel_does():
     h = torch.randn(1, 4, 6, 6, dtype=torch.bfloat16)
     before = torch.backends.mkldnn.enabled
@@ -695,6 +703,30 @@ def test_exercise_accepts_one_scaler_per_model():
     assert verdict.passed, text
     assert "fixed: the 2 GradScalers are built for the cpu and are on" in text
     assert "fixed: scaler.update() ran once per batch, after its last scaler.step ([4, 4] times" in text
+
+
+def test_exercise_accepts_a_scaler_per_model_updated_in_the_loop_over_them():
+    """Section 3's other fix: each model its own loss, backward, GradScaler and update, in one
+    loop over (model, optimizer, scheduler, scaler); check_loop tells the scalers apart."""
+    def loop(models, optimizers, schedulers, batches):
+        scalers = [torch.amp.GradScaler("cpu") for _ in models]
+        scales = [s.get_scale() for s in scalers]
+        for x, y in batches:
+            for k, (model, opt, sched, scaler) in enumerate(zip(models, optimizers, schedulers, scalers)):
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                new = scaler.get_scale()
+                if new >= scales[k]:
+                    sched.step()
+                scales[k] = new
+                opt.zero_grad(set_to_none=True)
+
+    verdict = check_two_model_loop(loop)
+    assert verdict.passed, str(verdict)
+    assert "check_loop finds nothing in your function" in str(verdict)
 
 
 def test_exercise_catches_a_second_scaler_built_without_a_device():

@@ -217,6 +217,24 @@ for x, y in loader:
     scaler.update()
 """
 
+ONE_SCALER_PER_OPTIMIZER = """
+for x, y in loader:
+    for model, opt, scaler in zip(models, opts, scalers):
+        scaler.scale(model(x).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+"""
+
+TWO_SCALERS_WRITTEN_OUT = """
+for x, y in loader:
+    scaler1.scale(loss1(x)).backward()
+    scaler2.scale(loss2(x)).backward()
+    scaler1.step(opt1)
+    scaler1.update()
+    scaler2.step(opt2)
+    scaler2.update()
+"""
+
 
 import torch  # noqa: E402  (the solution above uses it; kept next to it for reading)
 
@@ -243,6 +261,8 @@ CORRECT = {
     "schedulers guarded by the optimizers' step counts": lambda: STATE_STEP_GUARD,
     "two models in turn, a backward and an update each": lambda: TWO_HALVES_IN_TURN,
     "two scaler.step calls written out, one update": lambda: TWO_STEPS_ONE_UPDATE,
+    "a scaler per optimizer, zipped with it": lambda: ONE_SCALER_PER_OPTIMIZER,
+    "two scalers written out, an update each": lambda: TWO_SCALERS_WRITTEN_OUT,
 }
 
 
@@ -369,6 +389,14 @@ for x, y in loader:
         scheduler.step()
 """
 
+UPDATE_IN_A_ZIP_OF_OPTIMIZERS = """
+for x, y in loader:
+    scaler.scale(loss(x)).backward()
+    for opt, sched in zip(opts, scheds):
+        scaler.step(opt)
+        scaler.update()
+"""
+
 UPDATE_BETWEEN_STEPS = """
 for x, y in loader:
     scaler.scale(loss(x)).backward()
@@ -436,6 +464,7 @@ BROKEN = {  # name: (loop, the one finding it must have)
     "an if that reads no name the step hook writes": (lambda: HOOK_THAT_WRITES_ELSEWHERE, "scheduler-unguarded"),
     "errors: update per optimizer": (lambda: errors.step_two_optimizers_updating_each, "update-per-optimizer"),
     "update between two scaler.step calls written out": (lambda: UPDATE_BETWEEN_STEPS, "update-per-optimizer"),
+    "one scaler updated in a zip over (opt, sched)": (lambda: UPDATE_IN_A_ZIP_OF_OPTIMIZERS, "update-per-optimizer"),
     "a scheduler guarded by a batch's 'step' field": (lambda: BATCH_STEP_FIELD, "scheduler-unguarded"),
     "a step-count guard through a helper: 'may'": (lambda: GUARD_THROUGH_A_HELPER, "scheduler-guard-unread"),
     "clipping: loss not divided": (lambda: clipping.accumulate_without_dividing, "accumulation-undivided"),
@@ -670,7 +699,8 @@ def test_scheduler_message_tells_several_optimizers_from_one():
     assert "with one optimizer, when scaler.get_scale() did not drop" in finding.message
     assert "when its own optimizer stepped (optimizer.register_step_post_hook; a fused=True" in finding.message
     assert "may fire it too: with Adam, AdamW or Adagrad, compare state['step'] instead" in finding.message
-    assert "only when the first step is skipped, and never for a fused=True Adam, AdamW or SGD" in finding.message
+    assert ("only when the first step is skipped, and never for a fused=True Adam, AdamW or SGD (Adagrad too "
+            "in torch 2.13)") in finding.message
 
 
 @pytest.mark.parametrize("name", ["Adam", "AdamW", "Adagrad", "SGD"])

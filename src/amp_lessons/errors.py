@@ -155,6 +155,25 @@ def scheduler_run(loop, skip_at: int, steps: int = 4, lr: float = 0.01, fused: b
                         opt.param_groups[0]["lr"])
 
 
+def state_after_a_skipped_first_step(fused: bool, momentum: float = 0.9) -> list[str]:
+    """The state keys SGD (``momentum``; ``fused=True``: its fused kernel) holds for each
+    weight after one GradScaler-skipped step, its first (lesson 06, section 1): the fused
+    one's ``momentum_buffer`` was made by ``torch.empty_like`` and the kernel skipped, so it
+    holds whatever memory it got; the lesson prints the keys only, never those values."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, fused=fused)
+    scaler = torch.amp.GradScaler("cpu")
+    (x, y), = tiny_batches(1, bad=(0,))
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    if scaler.get_scale() >= 2.0**16:
+        raise RuntimeError("GradScaler took that step: the batch's inf did not reach the gradients")
+    return sorted({k for p in model.parameters() for k in opt.state.get(p, {})})
+
+
 # --- 2. unscale_ twice --------------------------------------------------------------------
 
 

@@ -401,8 +401,8 @@ def scheduler_unguarded(ctx: Context):
             yield e.line, (f"{receiver or 'scheduler'}.step() runs even when GradScaler skipped the optimizer "
                            "step, and the schedule moves on a step ahead of the training; PyTorch warns "
                            "('Detected call of `lr_scheduler.step()` before `optimizer.step()`') only when "
-                           "the first step is skipped, and never for a fused=True Adam, AdamW or SGD. Step "
-                           "it only after a step that ran: with one optimizer, when scaler.get_scale() "
+                           "the first step is skipped, and never for a fused=True Adam, AdamW or SGD (Adagrad "
+                           "too in torch 2.13). Step it only after a step that ran: with one optimizer, when scaler.get_scale() "
                            "did not drop; with several on one scaler, when its own optimizer stepped "
                            "(optimizer.register_step_post_hook; a fused=True optimizer's skipped steps "
                            "may fire it too: with Adam, AdamW or Adagrad, compare state['step'] "
@@ -512,7 +512,9 @@ def _first_exit_guard(unit: Unit, block, hooked: frozenset = frozenset()) -> int
 
 def update_per_optimizer(ctx: Context):
     """``scaler.update()`` inside the loop over the optimizers it steps, or between two
-    optimizers' ``scaler.step`` calls after one backward (``step(a); update(); step(b)``)."""
+    optimizers' ``scaler.step`` calls after one backward (``step(a); update(); step(b)``).
+    A scaler per optimizer is no mistake: two steps on differently named scalers, or an
+    update on a scaler the loop itself takes (``for opt, scaler in zip(opts, scalers)``)."""
     for unit in ctx.units:
         flow = unit.follow()
         for e in unit.of("scaler_step"):
@@ -521,7 +523,8 @@ def update_per_optimizer(ctx: Context):
                 continue
             k, events = key(e.arg), unit.event_by_id
             before = sorted({name for name, i in state.stepped - state.since_update
-                             if name != k and same_run(events[i], e)})
+                             if name != k and same_run(events[i], e)
+                             and _receiver(events[i]) == _receiver(e)})
             if before:
                 yield e.line, (f"scaler.step({k}) after scaler.update(), in the iteration that stepped "
                                f"{before[0]}: the update can change the scale between the two steps, so "
@@ -534,12 +537,21 @@ def update_per_optimizer(ctx: Context):
                     stepped_in.setdefault(id(loop), set()).update(names_in(s.arg))
         for e in unit.of("update"):
             for loop in reversed(e.loops):
-                if isinstance(loop, (ast.For, ast.AsyncFor)) and stepped_in.get(id(loop), set()) & names_in(loop.target):
+                if not isinstance(loop, (ast.For, ast.AsyncFor)):
+                    continue
+                if names_in(e.node.func.value) & names_in(loop.target):
+                    break  # a scaler per optimizer, taken by the loop: each updates its own
+                if stepped_in.get(id(loop), set()) & names_in(loop.target):
                     yield e.line, ("scaler.update() inside the loop over optimizers: the scale can change "
                                    "between two optimizers' steps, so the next optimizer's gradients are "
                                    "unscaled by the wrong factor, and growth_interval counts once per "
                                    "optimizer. Call scaler.step(opt) for each, then scaler.update() once")
                     break
+
+
+def _receiver(e) -> str:
+    """The scaler a ``scaler.step``/``update`` call is made on: ``scaler1``, ``self.scaler``."""
+    return key(e.node.func.value)
 
 
 def backward_in_autocast(ctx: Context):
