@@ -293,9 +293,9 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 # - the optimizer's own step count (Adam's `state[p]["step"]`) did not move;
 # - the weights did not change.
 #
-# A `fused=True` optimizer is the exception to the first sentence: GradScaler calls its
-# `step()` every time and the optimizer skips the update itself (lesson 06's table says
-# which optimizers, by release).
+# A `fused=True` optimizer is the exception to "only when no inf was found": GradScaler
+# calls its `step()` every time and the optimizer skips the update itself (lesson 06's
+# table says which optimizers, by release).
 
 # %%
 from amp_lessons.training import History
@@ -350,7 +350,8 @@ print(at_least("the largest gradient times 65536 is above fp16's largest value, 
 # %% [markdown]
 # So GradScaler starts high (`init_scale=65536`) and halves on each overflow until the
 # gradients fit: a skipped first step or two is normal and costs nothing but the step, in a
-# loop that steps its lr scheduler only on applied steps (below). (Later, as the gradients
+# loop that steps its lr scheduler only on applied steps (below; fused SGD with momentum is
+# the exception, lesson 06). (Later, as the gradients
 # change, a step can overflow again; the scale halves once more. The explorer below shows
 # it.)
 # A scale that keeps halving, step after step, is not normal: most likely the loss or its
@@ -414,8 +415,8 @@ print(textwrap.fill("the warning: " + first[0], 90))
 
 # %% [markdown]
 # One warning, in the first run only: PyTorch checks the order once, at the scheduler's
-# first step, and warns if no `optimizer.step()` has run since the scheduler was built. A
-# step skipped later moves the schedule on with no warning at all, and each skipped step
+# first step (`LRScheduler.step`); in that run no optimizer step had run yet. A step skipped
+# later moves the schedule on with no warning at all, and each skipped step
 # moves the warm-up or the decay on for an update that never happened. Step the scheduler
 # only after a step that was not skipped (the signs above tell which), as the `Trainer` does.
 #
@@ -505,7 +506,8 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #
 # ## Watch out
 #
-# - The first steps of a run can be skipped while the scale falls from 65536: normal.
+# - The first steps of a run can be skipped while the scale falls from 65536: normal (but
+#   see lesson 06 for fused SGD with momentum).
 #   A scale that keeps falling most likely means inf/NaN at any scale: look at the data and
 #   the lr.
 # - Step the lr scheduler only when the step was not skipped: PyTorch warns at most once per

@@ -159,8 +159,8 @@ for p, run in result.runs.items():
 # that remain belong to the loss: on a CPU autocast casts the logits to float32 for it, and
 # its `log_softmax` saves its float32 output. On CUDA `log_softmax` runs in 16 bits, but
 # `nll_loss` is on CUDA's float32 list and saves a float32 copy of the log-probabilities
-# (lesson 02, Sources). The labels are int64. The ratio to fp32 (exact byte counts, the
-# same on every CPU), and the card's claim against it:
+# (lesson 02, Sources). The labels are int64. The ratio to fp32 (exact byte counts), and
+# the card's claim against it:
 
 # %%
 from amp_lessons.precision import sixteen_bit
@@ -195,11 +195,12 @@ print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor
       f"{(torch.ones(1, dtype=dtype_of(low16)) + torch.ones(1)).dtype}")
 
 # %% [markdown]
-# The float32 bytes are the layer norms' (each saves its input and its per-token mean and
-# 1/std). No autocast list makes them float32 (on a CPU, `layer_norm` is on none, lesson
+# Here the float32 bytes are the layer norms' (each saves its input and its per-token mean
+# and 1/std). On a CPU no autocast list makes them float32 (`layer_norm` is on none, lesson
 # 02): the residual stream does. The block's input is float32, and `x + attn(ln1(x))` adds
 # a 16-bit result to it, which type promotion makes float32, so both layer norms read
-# float32. On a GPU, `layer_norm` is on the float32 list and saves float32 in any case.
+# float32. On CUDA, `layer_norm` and `softmax` are on the float32 lists (lesson 02), so the
+# attention's softmax saves float32 too.
 
 # %% [markdown]
 # ### What a batch twice as large costs
@@ -316,8 +317,7 @@ plots.step_breakdown(b, "mlp")
 # (AdamW updates the float32 master weights from float32 gradients): none of it is 16-bit
 # work, so bf16 does not shorten it. Where one of these bars differs between the two, that
 # is not 16-bit arithmetic: the steps took turns in the same rounds, but each bar is a
-# median of three steps, and this lesson does not find a cause. Here the matmuls are what
-# shrink; the casts are new work.
+# median of three steps, and this lesson does not find a cause. The casts are new work.
 #
 # The `vs fp32` column of the table's last block is not the headline remeasured: it times
 # Trainer steps, run apart from the bench table. The categories account for each profiled
@@ -561,7 +561,7 @@ else:
 # - Keep master weights in float32: the lost updates above, and Adam on `.half()` weights
 #   going inf/NaN in each of its three implementations.
 # - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block whose
-#   residual stream is float32 keeps more: its layer norms save float32). Still no batch
+#   residual stream is float32 keeps more: here its layer norms save float32). Still no batch
 #   twice as large fits in fp32's memory: autocast adds 16-bit weight copies, and some
 #   saved bytes never halve (the labels' int64, the loss's float32).
 # - In the stored run the bench MLP's bf16 speedup came from its matmuls (the breakdown),
