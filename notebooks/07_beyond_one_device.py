@@ -562,8 +562,9 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #   parameter's `grad_dtype`, by default the parameter's own dtype (float32 here).
 # - Reduce in float32: an explicit `reduce_dtype=torch.float32` does not depend on the
 #   release's default.
-# - A 16-bit reduce rounds every partial sum. In bf16 a small gradient can be lost beside a
-#   large one. In fp16 a tiny one can round to 0, and a large sum can overflow.
+# - A 16-bit reduce that rounds each partial sum (as this lesson's ring simulation does) can
+#   lose a small gradient beside a large one in bf16. In fp16 a tiny one can round to 0, and
+#   a large sum can overflow.
 # - FSDP2 (torch 2.13) divides an fp16 reduce-scatter by a power of two before the sum and by
 #   the rest after. That lowers the risk of overflow and of underflow; it rules out neither.
 # - In this lesson's ring simulation, the error of a 16-bit reduce grew with the number of
