@@ -65,9 +65,9 @@ print(f"lesson 00 recommends {report.recommended} here")
 # %% [markdown]
 # ## The card's example
 #
-# The card ends with an example (lesson 00 quotes the text before it); here it is, its code
-# and comments unchanged. It picks float16 on a GPU and bfloat16 on a CPU, runs one training step,
-# and prints two dtypes. **Predict** before you run it: what will `logits.dtype` and
+# The card ends with an example (lesson 00 quotes the text before it), run here. It picks
+# float16 on a CUDA GPU and bfloat16 otherwise, runs one training step, and prints two
+# dtypes. **Predict** before you run it: what will `logits.dtype` and
 # `loss.dtype` be?
 
 # %%
@@ -95,7 +95,7 @@ opt.zero_grad(set_to_none=True)
 #
 # ## This lesson's device and dtype
 #
-# The example picks float16 on every GPU, although the card's text calls bfloat16 "the
+# The example picks float16 on every CUDA GPU, although the card's text calls bfloat16 "the
 # default choice on Ampere-or-newer GPUs". Lesson 00 picks by compute capability (bfloat16
 # from 8.0, Ampere, on; float16 with a `GradScaler` on 7.x; float32 below). From here on the
 # lesson traces on `amp_lessons.pick_device()` in lesson 00's precision, or, where that is
@@ -134,8 +134,8 @@ print(mlp_trace.table())
 # (the shape tells which). The last column marks a float32 result `<- autocast fp32` when
 # autocast caused it (cast an input up, or asked for float32), `<- already fp32` when
 # autocast neither cast its inputs nor asked for its dtype (it may read a float32 tensor
-# autocast made earlier, as `nll_loss_forward` does below). On a CPU `cross_entropy` is on the float32 list: autocast
-# casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
+# autocast made earlier, as `nll_loss_forward` does below on a CPU). On a CPU
+# `cross_entropy` is on the float32 list: autocast casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
 # `nll_loss_forward` reads `_log_softmax`'s float32 result.
 #
 # ## A transformer block: attention, softmax, layer_norm, GELU

@@ -98,7 +98,7 @@ print(textwrap.fill(runs[False].warnings[0], 90))
 # | optimizer | GradScaler calls its `step` | scheduler warning at a skipped first step | step post-hooks fire | a step count the skip leaves unchanged |
 # |---|---|---|---|---|
 # | not fused (and `fused=True` Adagrad in torch 2.11) | no | yes | no | not needed |
-# | `fused=True` Adam, AdamW, Adagrad | yes, without `unscale_`; it skips in its kernel | no | yes | `opt.state[p]["step"]` |
+# | `fused=True` Adam, AdamW, Adagrad | yes, without `unscale_`; it skips in its kernel | no | yes | `opt.state[p]["step"]` (copy its value before the step: the tensor is updated in place) |
 # | `fused=True` SGD | the same, but with momentum a skipped first step leaves its momentum buffer uninitialised (below) | no | yes | none |
 #
 # Fused SGD with momentum makes its momentum buffers at its first step
@@ -540,8 +540,10 @@ for rule in RULES:
     print(f"{rule.name:<24} {rule.summary} ({rule.lesson[:2]})")
 
 # %% [markdown]
-# Where the source alone cannot decide (a scaler may live in another file; code that asks
-# `torch.cuda.is_available()` may run without CUDA), the message says "may" and why. Here
+# Where the checker sees that the source alone cannot decide (a scaler may live in another
+# file; code that asks `torch.cuda.is_available()` may run without CUDA), the message says
+# "may" and why. A guard it cannot follow (a flag computed elsewhere) can still be reported
+# as a mistake: read each message against your loop. Here
 # is lesson 04's exercise loop, numbered as the checker counts. **Predict** what it finds:
 
 # %%
@@ -595,7 +597,7 @@ check_loop(errors.schedule_two_optimizers_on_the_scale)
 # | `unscale_() has already been called on this optimizer since the last update()` | `unscale_` inside the micro-batch loop, or twice per step | section 2; lesson 04 |
 # | (none) second optimizer's gradients off by a power of two (halved when the scale grows, doubled at an overflow) | `scaler.update()` between two optimizers' `scaler.step` | section 3 |
 # | (none) a scheduler falls behind its optimizer | schedulers stepped on the shared scale; one model overflowed | section 3 |
-# | `Attempting to unscale FP16 gradients.` | `model.half()` with a GradScaler | section 4; lesson 05 |
+# | `Attempting to unscale FP16 gradients.` | a float16 `.grad` with a GradScaler (`model.half()`, a model loaded in float16); with a fused optimizer, only an explicit `unscale_` | section 4; lesson 05 |
 # | `mat1 and mat2 must have the same dtype, but got BFloat16 and Float` (CPU; CUDA by source, 2-D input) | a 16-bit activation meets float32 weights outside autocast, at a `Linear` with a bias | section 5; lesson 02 |
 # | `expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float` (CPU); `expected mat1 and mat2 to have the same dtype, but got: ...` (CUDA, by source) | the same, at a `Linear` without a bias | section 5 |
 # | `Input type (c10::BFloat16) and bias type (float) should be the same` (every device, by source) | the same, at a convolution with a bias | section 5 |

@@ -93,7 +93,9 @@ print(formats_table(("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")))
 
 # %% [markdown]
 # Range and precision side by side: from the smallest subnormal to the largest value, in
-# powers of two, and how many values each format has between one power of two and the next.
+# powers of two, and how many values each format has between one power of two and the next
+# in its normal range (2 to the number of mantissa bits; e4m3's top one holds one fewer, 256
+# to 448, as its all-ones pattern is NaN).
 
 # %%
 import math
@@ -102,7 +104,7 @@ for name in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
     f = format_info(name)
     span = math.log2(f.max / f.smallest_subnormal)
     print(f"{name:<9} 2^{math.log2(f.smallest_subnormal):.0f} to {f.max:<9g} {span:5.1f} powers of two, "
-          f"{2**f.mantissa_bits:>4} values in each")
+          f"{2**f.mantissa_bits:>4} values in each normal one")
 
 # %% [markdown]
 # e4m3 covers fewer than half the powers of two fp16 covers. Its name ends in **fn**, in

@@ -905,3 +905,12 @@ def test_probe_table_keeps_the_cpu_column_on_a_gpu_machine(monkeypatch):
     assert T._wheres(None) == [("cpu", False), ("cuda", False), ("cuda", True)]
     monkeypatch.setattr(T, "pick_device", lambda *a, **k: torch.device("cpu"))
     assert T._wheres(None) == [("cpu", False), ("cuda", True)]
+
+
+def test_a_simulated_trace_leaves_a_model_that_reuses_a_module_untouched():
+    lin = nn.Linear(8, 8)
+    seq, x = nn.Sequential(lin, lin), torch.randn(2, 8)
+    weight = lin.weight
+    trace_model(seq, x, None, lambda o: o.sum(), dtype=torch.bfloat16, device="cuda", simulate=True)
+    assert lin.weight is weight and type(lin.weight) is nn.Parameter
+    assert trace_model(seq, x, None, lambda o: o.sum(), dtype=torch.bfloat16).ops("addmm")

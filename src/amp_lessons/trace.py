@@ -601,6 +601,19 @@ def _autocast(dev: torch.device, dtype, enabled: bool):
 
 
 @contextlib.contextmanager
+def _restored_tensors(model):
+    """Put every module's own parameters and buffers back on exit: ``functional_call`` on a
+    model that holds one module twice (``nn.Sequential(lin, lin)``) leaves the fakes in it."""
+    kept = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, params, buffers in kept:
+            m._parameters.update(params)
+            m._buffers.update(buffers)
+
+
+@contextlib.contextmanager
 def _simulated_autocast(device_type: str, dtype, enabled: bool):
     """What ``torch.autocast.__enter__/__exit__`` do, without its check that the device is here."""
     before = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
@@ -749,7 +762,8 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | 
         sim = _Simulation(dev)
         forward = sim.prepare(model, (x,), {})
         args = tuple(sim.fake(t) for t in ([] if target is None else [target]))
-        with sim.active(), tracer.recording(), _simulated_autocast(dev.type, dtype, enabled):
+        with _restored_tensors(model), sim.active(), tracer.recording(), \
+                _simulated_autocast(dev.type, dtype, enabled):
             trace.result = forward()
             tracer.phase = "loss"
             trace.loss = loss_fn(trace.result, *args)
