@@ -502,7 +502,7 @@ scale_figure(init_exponent=20, growth_interval=5, inject_at=-1, device=device)
 #   optimizer per scaler, the scale dropping is how you see it (with several, lesson 06).
 # - bf16 has float32's range: this network's gradients lose none to it (what it makes 0,
 #   counted above where this device runs bf16, lies above its smallest normal), and need no
-#   scaler (bf16's smallest subnormal is 9.2e-41, printed above).
+#   scaler.
 #
 # ## Watch out
 #
