@@ -503,8 +503,9 @@ print(check("'high' changes this device's float32 matmul only where it has a TF3
 # `"medium"` is the setting to watch: on a CPU it lets oneDNN, the library behind many CPU
 # matmuls, compute a float32 model's matmuls in bf16, with bf16's 7-bit mantissa, where
 # torch's `mkldnn_bf16_device_check` passes (on x86 it asks for AVX512BW, VL and DQ, or
-# AVX-NE-CONVERT, not for bf16 matmul hardware); whether oneDNN then picks a bf16 kernel
-# depends on the CPU, and nothing says which (Sources). On an NVIDIA GPU with TF32 it
+# AVX-NE-CONVERT, not for bf16 matmul hardware); whether oneDNN then picks a bf16 kernel is
+# oneDNN's choice for the CPU, and `ONEDNN_VERBOSE=1` prints the kernel it ran (Sources). On
+# an NVIDIA GPU with TF32 it
 # means TF32, as `"high"` does. **Predict** which error this device's float32 matmul has
 # under `"medium"`:
 
@@ -566,7 +567,7 @@ else:
 #   saved bytes never halve (the labels' int64, the loss's float32).
 # - In the stored run the bench MLP's bf16 speedup came from its matmuls (the breakdown),
 #   and the small digits MLP ran slower in 16 bits than in fp32. Amdahl's law on the matmul
-#   share estimates a step's speedup: `python -m amp_lessons bench --breakdown`.
+#   share estimates a step's speedup: `python -m amp_lessons bench --breakdown` prints it.
 # - `set_float32_matmul_precision("high")` means TF32 on Ampere-or-newer NVIDIA GPUs, and
 #   on CPUs with AMX-FP16 where oneDNN takes it; `"medium"` also allows bf16 for a CPU's
 #   float32 matmuls.
@@ -615,8 +616,8 @@ check_setup(my_setup, device)
 #   `Context::setFloat32MatmulPrecision` (`aten/src/ATen/Context.cpp`) and the "MKLDNN
 #   backend" notes (`docs/source/notes/mkldnn.md`); on a CPU, `use_mkldnn_bf32_matmul`
 #   and `mkldnn_gemm` (`aten/src/ATen/native/mkldnn/Matmul.cpp`), `mkldnn_bf16_device_check`
-#   (`aten/src/ATen/native/mkldnn/Utils.h`, via ideep's `has_bf16_type_support`) and oneDNN's
-#   "Floating-point Math Mode" page.
+#   (`aten/src/ATen/native/mkldnn/Utils.h`, via ideep's `has_bf16_type_support`), oneDNN's
+#   "Floating-point Math Mode" page, and its "Verbose Mode" page for `ONEDNN_VERBOSE`.
 # - TF32's 10 bits on Ampere and later: PyTorch's CUDA semantics notes
 #   (`docs/source/notes/cuda.md`) and numerical-accuracy notes
 #   (`docs/source/notes/numerical_accuracy.md`).
