@@ -129,13 +129,15 @@ mlp_trace = trace_model(mlp, x, y, loss_fn, dtype=dtype)
 print(mlp_trace.table())
 
 # %% [markdown]
-# The `cast` column says who inserted each `_to_copy` (here, autocast). Before each `addmm`,
-# autocast cast the float32 weight and bias to 16-bit, and for the first layer the input too
-# (the shape tells which). The last column marks a float32 result `<- autocast fp32` when
-# autocast caused it (cast an input up, or asked for float32), `<- already fp32` when
-# autocast neither cast its inputs nor asked for its dtype (it may read a float32 tensor
-# autocast made earlier, as `nll_loss_forward` does below on a CPU). On a CPU
-# `cross_entropy` is on the float32 list: autocast casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
+# The `cast` column says who made each `_to_copy`: `autocast`, `autograd` (in backward), or
+# `explicit`, anything else: the code (`h.float()`) or the op itself (below, CUDA's softmax
+# casts its own input). Here every cast is autocast's: before each `addmm` it cast the
+# float32 weight and bias to 16-bit, and for the first layer the input too (the shape tells
+# which). The last column marks a float32 result `<- autocast fp32` when autocast caused it
+# (cast an input up, or asked for float32), `<- already fp32` when autocast neither cast its
+# inputs nor asked for its dtype (it may read a float32 tensor autocast made earlier, as
+# `nll_loss_forward` does above on a CPU). On a CPU `cross_entropy` is on the float32 list:
+# autocast casts its input up once (the `(loss)` cast), `_log_softmax` reads that copy, and
 # `nll_loss_forward` reads `_log_softmax`'s float32 result.
 #
 # ## A transformer block: attention, softmax, layer_norm, GELU
@@ -267,8 +269,9 @@ op_dtypes([cpu_block, cuda_block])  # a CPU panel on every machine: the contrast
 # ## The loss on CUDA, and the calls autocast skips
 #
 # The docs list `cross_entropy` among CUDA's float32 ops, but CUDA's autocast has no
-# kernel for it: the loss comes out float32 because it decomposes into
-# `log_softmax(x, 1, dtype=x.dtype)` and `nll_loss`, and `nll_loss` is on the list.
+# kernel for it: with class-index targets, as here, the loss comes out float32 because it
+# decomposes into `log_softmax(x, 1, dtype=x.dtype)` and `nll_loss`, and `nll_loss` is on
+# the list.
 # `log_softmax` is too, but the call names its own dtype. **Predict** the CUDA column:
 
 # %%

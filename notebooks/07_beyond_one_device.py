@@ -257,9 +257,10 @@ print(D.fsdp_stages(fsdp["(bf16, fp32)"][0]))
 
 # %% [markdown]
 # FSDP2's policy is not autocast. It casts each parameter's shard to `param_dtype` before
-# the all-gather (`FSDPParam.all_gather_inputs`) and, with `cast_forward_inputs`, the
-# module's inputs; each op then runs in the dtype of what it is given, as without autocast: the ops after a bf16 Linear run in bf16, including
-# the ones autocast would keep in float32. This MLP's output is bf16, so the course's ranks
+# the all-gather (`_get_param_all_gather_inputs`, `_fsdp_collectives.py`) and, with
+# `cast_forward_inputs`, the module's inputs; each op then runs in the dtype of what it is
+# given, as without autocast: the ops after a bf16 Linear run in bf16, including the ones
+# autocast would keep in float32. This MLP's output is bf16, so the course's ranks
 # compute the loss from `logits.float()`. `MixedPrecisionPolicy(output_dtype=torch.float32)`
 # casts a sharded module's *outputs* instead, and leaves the ops inside (a softmax in
 # attention, a norm) in 16 bits. To have those in float32, cast inside the module, or wrap
@@ -304,7 +305,8 @@ print(f"bf16's spacing next to 1.0: {torch.finfo(torch.bfloat16).eps}; "
 # FSDP2 divides an fp16 reduce-scatter in two parts: by a power of two `pre` before the sum,
 # by `W / pre` after, with `pre` about the square root of W. At 2 ranks all of it comes
 # before, as in the line above. The comment beside this rule says the split is "to avoid
-# overflow/underflow": it lowers both risks, and rules out neither (one case of each after
+# overflow/underflow": it trades one for the other (less overflow than dividing after the
+# sum, less underflow than dividing before it) and rules out neither (one case of each after
 # the loop). The loop below is the rule in `_get_gradient_divide_factors`
 # (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, torch 2.13), for the 2 ranks
 # run here and larger world sizes:
@@ -398,8 +400,8 @@ loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends}, tail=1,
             title=f"FSDP2 on {fsdp.world_size} ranks, bf16 compute: reduce-scattered in float32 or in bf16")
 
 # %% [markdown]
-# With 2 ranks, then, a bf16 reduce costs little here. The errors above grow with the number of
-# ranks summed, and the order of additions decides how much of the small gradients a large one
+# With 2 ranks, then, a bf16 reduce costs little here. In the ring simulation above the errors
+# grow with the number of ranks summed, and the order of additions decides how much of the small gradients a large one
 # swamps. A float32 reduce-scatter moves twice the bytes of a bf16 one, and it is the safe
 # choice: `reduce_dtype=torch.float32`.
 #
@@ -566,7 +568,8 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #   lose a small gradient beside a large one in bf16. In fp16 a tiny one can round to 0, and
 #   a large sum can overflow.
 # - FSDP2 (torch 2.13) divides an fp16 reduce-scatter by a power of two before the sum and by
-#   the rest after. That lowers the risk of overflow and of underflow; it rules out neither.
+#   the rest after: less overflow than dividing after the sum, less underflow than dividing
+#   before it; it rules out neither.
 # - In this lesson's ring simulation, the error of a 16-bit reduce grew with the number of
 #   ranks.
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
@@ -580,8 +583,6 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 # - `mp.spawn` of a function defined in a notebook fails. Spawn a function imported from a
 #   module, or launch a module with `torchrun` (or `python -m torch.distributed.run`) and
 #   read what the ranks write to files.
-# - A rank process that outlives its launcher keeps its GPU memory until it exits. Look for
-#   it (`nvidia-smi`, `ps`) and stop it by its process id.
 
 # %% [markdown]
 # ## Sources

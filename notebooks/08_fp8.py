@@ -103,8 +103,11 @@ import math
 for name in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
     f = format_info(name)
     span = math.log2(f.max / f.smallest_subnormal)
+    top = 2 ** math.floor(math.log2(f.max))  # the top binade runs from here to the largest value
+    in_top = int((f.max - top) / (top * 2.0**-f.mantissa_bits)) + 1
     print(f"{name:<9} 2^{math.log2(f.smallest_subnormal):.0f} to {f.max:<9g} {span:5.1f} powers of two, "
-          f"{2**f.mantissa_bits:>4} values in each normal one")
+          f"{2**f.mantissa_bits:>4} values in each normal one"
+          + (f" ({in_top} in the top one)" if in_top != 2**f.mantissa_bits else ""))
 
 # %% [markdown]
 # e4m3 covers fewer than half the powers of two fp16 covers. Its name ends in **fn**, in
