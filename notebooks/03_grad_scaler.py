@@ -209,8 +209,8 @@ print(at_least("with the default eps the weighted run ends at least 0.01 above t
                final["fp32"] - plain_loss, 0.01))
 
 # %% [markdown]
-# So the weight costs the fp32 run some loss, all of it through `eps`; the four runs above
-# share that cost. fp16 alone falls behind, and through the whole run more of its gradients
+# So the weight costs the fp32 run some loss, all of it through `eps`. fp16 alone falls
+# behind, and through the whole run more of its gradients
 # are exactly zero than fp32's (checked above). With a GradScaler, fp16 follows fp32; so
 # does bf16 (where this device runs it), with no scaler at all.
 #
@@ -290,12 +290,13 @@ scale_plot(history, trainer.current_scale(), growth_interval=10, injected=(25,))
 #
 # - the scale after `update()` is lower than before it (with one optimizer per scaler; with
 #   several, a lower scale does not say which one skipped);
-# - the optimizer's own step count (Adam's `state[p]["step"]`) did not move;
+# - the optimizer's own step count (Adam's `state[p]["step"]`, read with `float()` before
+#   the step: the tensor is updated in place) did not move;
 # - the weights did not change.
 #
-# A `fused=True` optimizer is the exception to "only when no inf was found": GradScaler
-# calls its `step()` every time and the optimizer skips the update itself (lesson 06's
-# table says which optimizers, by release).
+# Most `fused=True` optimizers are the exception to "only when no inf was found" (lesson
+# 06's table says which, by release): GradScaler calls their `step()` every time and the
+# optimizer skips the update itself.
 
 # %%
 from amp_lessons.training import History

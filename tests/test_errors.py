@@ -814,3 +814,33 @@ def test_caught_warnings_counts_a_torch_warning_filed_under_its_caller():
     caught, record = E.caught_warnings(trainer.step)
     assert record.skipped and [SCHEDULER_WARNING in str(w.message) for w in caught] == [True]
     assert "/torch/" not in caught[0].filename.replace("\\", "/")
+
+
+def _double_step(models, optimizers, schedulers, batches):
+    """Steps each optimizer twice when GradScaler let it step: every update applied twice."""
+    stepped = [0] * len(optimizers)
+    for i, opt in enumerate(optimizers):
+        opt.register_step_post_hook(lambda *_, i=i: stepped.__setitem__(i, stepped[i] + 1))
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(torch.nn.functional.cross_entropy(m(x), y) for m in models)
+        scaler.scale(loss).backward()
+        for i, opt in enumerate(optimizers):
+            stepped[i] = 0
+            scaler.step(opt)
+            if stepped[i]:
+                opt.step()
+        scaler.update()
+        for i, (opt, scheduler) in enumerate(zip(optimizers, schedulers)):
+            for _ in range(stepped[i]):
+                scheduler.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def test_the_two_model_exercise_refuses_an_optimizer_stepped_twice_per_batch():
+    from amp_lessons.exercises import check_two_model_loop
+
+    verdict = check_two_model_loop(_double_step)
+    assert not verdict.passed
+    assert "AdamW stepped [2, 4] times where the batches your loop trained on allow [1, 2]" in str(verdict)

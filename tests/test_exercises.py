@@ -344,3 +344,24 @@ def test_a_scheduler_stepped_before_the_optimizer_hears_the_order_not_the_guard(
     assert "once per applied optimizer step, yet PyTorch warned" in text and "opposite order" in text
     assert "step the scheduler after scaler.step(opt)" in text
     assert "only when the step was not skipped" not in text
+
+
+def _step_count_aliased(model, opt, scaler, scheduler, x, y):
+    """Keeps the step tensor itself, not its value: it compares the tensor with itself."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    p = next(model.parameters())
+    before = opt.state[p]["step"] if p in opt.state else None
+    scaler.step(opt)
+    scaler.update()
+    skipped = before is None or bool(opt.state[p]["step"] == before) if p in opt.state else True
+    if not skipped:
+        scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    return skipped
+
+
+def test_a_step_count_compared_with_itself_hears_to_copy_it():
+    text = str(check_amp_step(_step_count_aliased, "cpu"))
+    assert "it returns True on every step" in text and "float(opt.state[p]['step'])" in text

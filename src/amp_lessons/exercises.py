@@ -316,6 +316,9 @@ def check_amp_step(step, device=None, bad_batches=(0, 3), overflow_batches=(5,),
             bad(f"it returns True on steps {said}, but the skipped steps were {truly}"
                 + (f"; steps {flagged} were applied (AdamW's step count moved), yet it returns True "
                    "on them" if flagged else "")
+                + ("; it returns True on every step: a value kept before the step and compared after "
+                   "must be a copy (float(opt.state[p]['step'])): the step tensor is updated in place"
+                   if said == list(range(steps)) else "")
                 + (f": the loss of step {missed[0]} was finite, only its scaled gradients "
                    "overflowed, so a check of the loss or the inputs cannot see that skip; "
                    "ask what GradScaler itself changes when it skips"
@@ -1164,6 +1167,10 @@ def _two_model_schedule_findings(bug, findings, taken, stepped, warned, fed, ste
     elif taken == [len(fed)] * len(taken):
         bug(f"not seen yet: no step was skipped (AdamW stepped {taken[0]} of {steps} times), "
             "so the schedulers' guard could not be checked")
+    elif any(t > e for t, e in zip(taken, expected)):
+        bug(f"AdamW stepped {taken} times where the batches your loop trained on allow {expected}: "
+            "some optimizer stepped more than once for one batch (scaler.step(opt) already calls "
+            "opt.step() when the step is not skipped)")
     else:
         findings.append(f"fixed: the schedulers stepped {stepped} times, once per step of their own "
                         f"AdamW (GradScaler skipped both at batches {' and '.join(map(str, bad))}, "
