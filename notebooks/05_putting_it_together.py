@@ -157,9 +157,9 @@ for p, run in result.runs.items():
 # %% [markdown]
 # In the 16-bit runs almost every activation is stored in 16 bits. The float32 bytes
 # that remain belong to the loss: on a CPU autocast casts the logits to float32 for it, and
-# its `log_softmax` saves its float32 output. On CUDA `log_softmax` runs in 16 bits, but
-# `nll_loss` is on CUDA's float32 list and saves a float32 copy of the log-probabilities
-# (lesson 02, Sources). The labels are int64. The ratio to fp32 (exact byte counts), and
+# its `log_softmax` saves its float32 output. On CUDA `cross_entropy` asks `log_softmax` for
+# its input's dtype, so it runs in 16 bits, but `nll_loss` is on CUDA's float32 list and
+# saves a float32 copy of the log-probabilities (lesson 02, Sources). The labels are int64. The ratio to fp32 (exact byte counts), and
 # the card's claim against it:
 
 # %%
@@ -402,7 +402,7 @@ print(f"the model has {n_weights:,} weights; {measured(lost['fp32 master'].meant
       f"update from these gradients (the 'of' above); inf/NaN counts are out of all {n_weights:,}")
 
 # %% [markdown]
-# The half-spacing rule predicts which updates vanish. float32 loses only updates at or
+# The half-spacing rule predicts how many updates vanish. float32 loses only updates at or
 # below 2^-24 of the weight (a tie rounds to the even neighbour). Across learning rates:
 
 # %%
@@ -532,7 +532,7 @@ speedup = tf32_speedup(device=device)
 print("not measured: tf32 does not run here (the reason is printed at the top)" if speedup is None else f"tf32 matmul: {measured(speedup, '.1f')}x fp32's speed")
 
 # %% [markdown]
-# Tensor cores also care about shapes: NVIDIA's guide asks for dimensions that are
+# Tensor cores also care about shapes: NVIDIA's guide recommends dimensions that are
 # multiples of 16 bytes (8 fp16 or bf16 elements, 4 TF32 ones); nanoGPT pads GPT-2's 50257
 # tokens further, "up to nearest multiple of 64 for efficiency". On a CUDA GPU the cell
 # below times a 4096 matmul against a 4095 one; a CPU has no tensor cores:
