@@ -437,7 +437,8 @@ for name in scalers.names:
 # FSDP2's gradients are DTensors, and DTensor runs the check GradScaler calls
 # (`_amp_foreach_non_finite_check_and_unscale_`) on each rank's shard, then reduces the
 # "found inf" flag over the mesh with a max (`found_inf_reduce_handler` in
-# `torch/distributed/tensor/_dispatch.py`). So with FSDP2, `torch.amp.GradScaler` is enough.
+# `torch/distributed/tensor/_dispatch.py`). So in this run (one mesh, no CPU offload),
+# `torch.amp.GradScaler` is enough with FSDP2.
 # In DDP the inf needs no help: the all-reduce sums it into every rank's gradients before
 # `unscale_` looks at them.
 #
@@ -446,7 +447,7 @@ for name in scalers.names:
 # With AdamW, each parameter keeps its float32 weight, its float32 gradient and Adam's two
 # moments: 16 bytes. DDP keeps them on every rank, plus its buckets, a second copy of the
 # gradients (4 bytes) unless `gradient_as_bucket_view=True` (the `DistributedDataParallel`
-# docstring; not counted below). FSDP2 keeps 16 / W.
+# docstring; not counted below). FSDP2 keeps 16 N / W.
 #
 # Mixed precision adds copies. Under DDP + autocast: the bf16 copy of each weight a matmul
 # saves for backward, held from forward to backward for every layer at once, 2 bytes per
@@ -575,8 +576,8 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 # - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
 #   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
 #   `ShardedGradScaler` does (the run above).
-# - With AdamW, weights, gradients and Adam's moments take 16 bytes per parameter, whatever
-#   the compute dtype: on every rank with DDP, divided by W with FSDP2.
+# - With AdamW, float32 weights, gradients and Adam's moments take 16 bytes per parameter,
+#   whatever the compute dtype: on every rank with DDP, divided by W with FSDP2.
 #
 # ## Watch out
 #

@@ -126,8 +126,7 @@ for name in ("fp8_e4m3", "fp8_e5m2"):
 
 # %% [markdown]
 # An fp8 tensor is storage for a matmul, not a number type you compute with. It takes one
-# byte per value, and torch's CPU kernels refuse arithmetic such as `add` on it (`*`
-# between two fp8 tensors of one dtype runs):
+# byte per value, and torch's CPU kernels refuse arithmetic such as `add` on it:
 
 # %%
 from amp_lessons.show import expect_error
@@ -399,9 +398,10 @@ print(amp_lessons.claims.at_most("with a 2^16 outlier, per-row error is at most 
                                  by_k[16]["row"] / by_k[16]["tensor"], 0.5))
 
 # %% [markdown]
-# A float's error is relative to the value, so the outlier costs nothing while the other
-# channels stay in e4m3's normal range. Once it pushes them below it, they turn subnormal
-# and then flush to zero, and the per-tensor error climbs to the whole output. Per-row
+# A float's error is relative to the value, so the outlier costs little while the other
+# channels stay in or near e4m3's normal range. Once it pushes them further below it, they
+# turn subnormal and then flush to zero, and the per-tensor error climbs to the whole
+# output. Per-row
 # scales give channel 0 its own scale and leave the others where they were.
 #
 # ## A minimal fp8 linear layer
