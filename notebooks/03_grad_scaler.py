@@ -350,11 +350,11 @@ print(at_least("the largest gradient times 65536 is above fp16's largest value, 
 
 # %% [markdown]
 # So GradScaler starts high (`init_scale=65536`) and halves on each overflow until the
-# gradients fit: a skipped first step or two is normal and costs nothing but the step, in a
-# loop that steps its lr scheduler only on applied steps (below; fused SGD with momentum is
-# the exception, lesson 06). (Later, as the gradients
-# change, a step can overflow again; the scale halves once more. The explorer below shows
-# it.)
+# gradients fit: a skipped first step or two is normal (GradScaler's docstring says so,
+# Sources) and costs nothing but the step, in a loop that steps its lr scheduler only on
+# applied steps (below; fused SGD with momentum is the exception, lesson 06). (Later, as
+# the gradients change, a step can overflow again; the scale halves once more. The
+# explorer below shows it.)
 # A scale that keeps halving, step after step, is not normal: most likely the loss or its
 # gradients are inf/NaN at any scale. Here every step's loss is made inf: **predict** how the
 # `Trainer` ends this run.
@@ -558,6 +558,9 @@ check_amp_step(my_step, device)
 #   default device, with its warning without CUDA: `torch/amp/grad_scaler.py`; "without
 #   CUDA" means neither CUDA nor `torch_xla` (`amp_definitely_not_available` in
 #   `torch/cuda/amp/common.py`). `get_scale()`'s CPU-GPU sync: its docstring, same file.
+#   Skipped first steps as normal: `GradScaler`'s class docstring, same file ("The scale
+#   factor often causes infs/NaNs to appear in gradients for the first few iterations as its
+#   value calibrates").
 # - The scheduler's order warning, checked only at its first step:
 #   `LRScheduler.step` in `torch/optim/lr_scheduler.py`.
 # - Adam's `eps` (default 1e-8) and AdamW's decoupled `weight_decay` (default 1e-2): `torch/optim/adamw.py`.

@@ -364,4 +364,22 @@ def _step_count_aliased(model, opt, scaler, scheduler, x, y):
 
 def test_a_step_count_compared_with_itself_hears_to_copy_it():
     text = str(check_amp_step(_step_count_aliased, "cpu"))
-    assert "it returns True on every step" in text and "float(opt.state[p]['step'])" in text
+    assert "it returns True on the applied steps after the first" in text and "float(opt.state[p]['step'])" in text
+
+
+def _step_count_read_before_any_step(model, opt, scaler, scheduler, x, y):
+    """Reads Adam's step count before the optimizer has any state."""
+    p = next(model.parameters())
+    before = float(opt.state[p]["step"])
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return float(opt.state[p]["step"]) == before
+
+
+def test_reading_an_empty_optimizer_state_hears_why():
+    text = str(check_amp_step(_step_count_read_before_any_step, "cpu"))
+    assert "KeyError" in text and "AdamW's state is empty until its first applied step" in text
