@@ -413,7 +413,8 @@ loss_curves({name: D.loss_history(fsdp[name][0]) for name in ends}, tail=1,
 #
 # Below, fp16 FSDP2 runs 4 steps, and at step 2 an inf is written into rank 1's own gradient
 # shard, after the reduce-scatter. A DDP run with fp16 autocast gets an inf loss on rank 1 at
-# step 2, before the all-reduce. **Predict:** does rank 0 skip step 2?
+# step 2, before the all-reduce (its backward turns that into non-finite gradients, mostly
+# NaN). **Predict:** does rank 0 skip step 2?
 
 # %%
 scalers = D.launch([D.fsdp_job("ShardedGradScaler", "fp16", "fp32", steps=4, scaler="sharded", inf_at=(1, 2)),
@@ -426,7 +427,7 @@ for name in scalers.names:
     scales = {r["rank"]: [int(s["scale"]) for s in r["steps"]] for r in scalers[name]}
     print(f"{name:<22} steps skipped (AdamW's step count did not move), by rank: {D.skipped_steps(scalers, name)}")
     print(f"{'':<22} the scale before each step, by rank: {scales}")
-    print(f"{'':<22} steps with an inf in the rank's own gradients, by rank: {D.inf_steps(scalers, name)}")
+    print(f"{'':<22} steps with inf/NaN in the rank's own gradients, by rank: {D.inf_steps(scalers, name)}")
 
 # %% [markdown]
 # In all three runs every rank skipped step 2 and halved its scale after it, though in the
@@ -439,8 +440,8 @@ for name in scalers.names:
 # "found inf" flag over the mesh with a max (`found_inf_reduce_handler` in
 # `torch/distributed/tensor/_dispatch.py`). So in this run (one mesh, no CPU offload),
 # `torch.amp.GradScaler` is enough with FSDP2.
-# In DDP the inf needs no help: the all-reduce sums it into every rank's gradients before
-# `unscale_` looks at them.
+# In DDP the non-finite values need no help: the all-reduce sums them into every rank's
+# gradients before `unscale_` looks at them.
 #
 # ## Memory per rank
 #
@@ -518,7 +519,7 @@ print(f"\nDDP's 16 N fits an 80 GiB GPU: {D.memory_per_rank(N7, 'DDP, fp32')['ke
 # | kept per rank | 16 N bytes, + 4 N for the buckets unless `gradient_as_bucket_view=True` | 16 N / W bytes |
 # | mixed precision | autocast; the gradients and their all-reduce stay float32 | `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)` |
 # | fewer bytes handed to collectives | a compress hook (16-bit all-reduce) | `param_dtype=bf16` halves the all-gather |
-# | fp16 | one GradScaler per rank; the all-reduce spreads an inf | `torch.amp.GradScaler` (DTensor agrees its found-inf flag across ranks) or `ShardedGradScaler` |
+# | fp16 | one GradScaler per rank; the all-reduce spreads an inf or NaN | `torch.amp.GradScaler` (DTensor agrees its found-inf flag across ranks in this lesson's run: one mesh, no CPU offload) or `ShardedGradScaler` |
 # | gradient accumulation | `with model.no_sync():` for all micro-batches but the last | `model.set_requires_gradient_sync(False)`, likewise |
 #
 # ## When a launch goes wrong
@@ -573,9 +574,9 @@ check_policy_prediction(my_prediction, fsdp["exercise"][0])
 #   before it; it rules out neither.
 # - In this lesson's ring simulation, the error of a 16-bit reduce grew with the number of
 #   ranks.
-# - An inf on one rank must skip the step on every rank. DDP's all-reduce spreads the inf;
-#   under FSDP2, `torch.amp.GradScaler` agrees across ranks through DTensor, as
-#   `ShardedGradScaler` does (the run above).
+# - An inf or NaN on one rank must skip the step on every rank. DDP's all-reduce spreads
+#   it; under FSDP2, `torch.amp.GradScaler` agreed across ranks through DTensor, as
+#   `ShardedGradScaler` does (the run above: one mesh, no CPU offload).
 # - With AdamW, float32 weights, gradients and Adam's moments take 16 bytes per parameter,
 #   whatever the compute dtype: on every rank with DDP, divided by W with FSDP2.
 #

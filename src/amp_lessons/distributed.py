@@ -777,7 +777,7 @@ def skipped_steps(run: Run, name: str) -> dict:
 
 
 def inf_steps(run: Run, name: str) -> dict:
-    """``{rank: [steps]}``: the steps at which that rank found an inf in its own gradients (its
+    """``{rank: [steps]}``: the steps at which that rank found inf/NaN in its own gradients (its
     shard, under FSDP2), before the scaler looked; for lesson 07."""
     return {r["rank"]: [s["step"] for s in r["steps"] if s["own_inf"]] for r in run[name]}
 
