@@ -206,14 +206,14 @@ print(f"the block's output under {low16} autocast: {out.dtype}; a {low16} tensor
 # ### What a batch twice as large costs
 #
 # A training step holds more than its activations: the float32 weights, their gradients
-# and AdamW's two moments, and autocast's 16-bit weight copies.
+# and AdamW's two moments, autocast's 16-bit weight copies, and the input batch itself.
 #
 # **Predict**: in the memory fp32 needs for a batch of 64, how large a batch fits in bf16?
 #
 # `doubled_batch` adds up, by kind, the bytes a step holds, at the batch and at twice it: a
-# sum, not a measured peak (with `zero_grad(set_to_none=True)` and no accumulation, the full
-# gradients and all the saved activations are never live at once; temporaries are left
-# out).
+# sum, not a measured peak (temporaries are left out). The batch column is `x` and the labels
+# as given, counted once in every precision: fp32's first matmul saves that `x` itself,
+# while autocast saves a 16-bit copy of it, which counts as an activation.
 
 # %%
 from amp_lessons.measure import doubled_batch
@@ -224,8 +224,10 @@ print(cost.table())
 print("\n".join(cost.fits_lines()))
 
 # %% [markdown]
-# Only the activations column halves, and the weight copies grow with the weights, not
-# the batch. The bench's larger MLP at its batch:
+# Only the activations column shrinks, and by less than the half measured above: there
+# fp32's saved bytes included `x`, which here is in the batch column, while autocast's
+# 16-bit copy of `x` stays an activation. The weight copies grow with the weights, not the
+# batch. The bench's larger MLP at its batch:
 
 # %%
 big_model, big_x, big_y = bench.build("mlp", bench.default_sizes("mlp", device), device)
@@ -236,8 +238,9 @@ print("\n".join(big.fits_lines()))
 # %% [markdown]
 # Where the 16-bit weight copies outweigh the activation bytes saved, a 16-bit step's sum
 # exceeds fp32's (the total column). A larger batch shrinks the weights' share, but the
-# ratio only grows towards fp32's activation bytes per example over 16 bits': the loss's
-# float32 bytes and the labels' int64 do not halve:
+# ratio only grows towards fp32's bytes per example over 16 bits': the input batch (float32
+# `x`, int64 labels) and the loss's float32 bytes do not halve, and the 16-bit copy of `x`
+# comes on top:
 
 # %%
 limits = {f"{label} {p}": c.ratio_limit(p) for label, c in (("digits MLP", cost), ("bench MLP", big)) for p in low}
@@ -563,8 +566,9 @@ else:
 #   going inf/NaN in each of its three implementations.
 # - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block whose
 #   residual stream is float32 keeps more: here its layer norms save float32). Still no batch
-#   twice as large fits in fp32's memory: autocast adds 16-bit weight copies, and some
-#   saved bytes never halve (the labels' int64, the loss's float32).
+#   twice as large fits in fp32's memory: autocast adds 16-bit copies of the weights and of
+#   the input, and some bytes never halve (the input batch, float32 `x` and int64 labels,
+#   and the loss's float32).
 # - In the stored run the bench MLP's bf16 speedup came from its matmuls (the breakdown),
 #   and the small digits MLP ran slower in 16 bits than in fp32. Amdahl's law on the matmul
 #   share estimates a step's speedup: `python -m amp_lessons bench --breakdown` prints it.

@@ -143,14 +143,19 @@ def test_training_memory_counts_every_kind_by_hand():
     assert optimizer_state_bytes(model) == 2 * 4 * params + 4 * 6
     fp32 = training_memory(model, x, y, "fp32")
     assert (fp32.weights, fp32.gradients, fp32.weight_copies) == (4 * params, 4 * params, 0)
-    assert fp32.activations == saved_memory(model, x, y, "fp32").activation_bytes
+    batch = 4 * 16 * 32 + 8 * 16  # float32 x, int64 labels
+    saved = saved_memory(model, x, y, "fp32")
+    assert saved.input_bytes == batch  # the first matmul saves x itself, the loss the labels
+    assert (fp32.input_batch, fp32.activations) == (batch, saved.activation_bytes - batch)
     bf16 = training_memory(model, x, y, "bf16")
     # only activations and the 16-bit weight copies change; weights, grads and Adam state do not
     assert (bf16.weights, bf16.gradients, bf16.optimizer_state) == (fp32.weights, fp32.gradients,
                                                                      fp32.optimizer_state)
     assert bf16.weight_copies == 2 * (64 * 64 + 64 * 10)  # the layers whose input needs a gradient
+    assert bf16.input_batch == batch  # x as given, float32, in every precision
+    assert saved_memory(model, x, y, "bf16").input_bytes == 8 * 16  # only the labels: x is saved as a bf16 copy
     assert bf16.total == sum((bf16.weights, bf16.gradients, bf16.optimizer_state, bf16.weight_copies,
-                              bf16.activations))
+                              bf16.input_batch, bf16.activations))
     assert fp32.cuda_peak is None and all(p.grad is None for p in model.parameters())  # untouched
 
 
@@ -163,7 +168,8 @@ def test_a_doubled_batch_costs_only_its_activations_and_the_fit_is_exact():
     assert list(cost.rows) == ["fp32", "bf16", "fp16"] and cost.batch == 256
     for one, two in cost.rows.values():
         assert two.batch == 512
-        assert two.total - one.total == two.activations - one.activations  # nothing else grows
+        # nothing else grows: the batch itself, and what autograd saves from it
+        assert two.total - one.total == (two.input_batch - one.input_batch) + (two.activations - one.activations)
     budget = cost.rows["fp32"][0].total
     n = cost.batch_in_fp32_memory("bf16")
     one, two = cost.rows["bf16"]
@@ -175,7 +181,7 @@ def test_a_doubled_batch_costs_only_its_activations_and_the_fit_is_exact():
     assert line.startswith(f"in the {budget / 2**20:.2f} MiB fp32 holds at batch 256, bf16 fits batch {n}, ")
     assert line.endswith("as large: not 2x")
     assert "fp32" in cost.table() and "x2 batch" in cost.table()
-    assert "summed by kind (not a measured peak)" in cost.table()  # gradients and activations never all live at once
+    assert "summed by kind (not a measured peak)" in cost.table()
     assert cost.peak_line().startswith("peak memory of a whole step: GPU only (on cpu")
 
 
@@ -190,6 +196,18 @@ def test_on_a_gpu_with_tf32_the_memory_cells_compare_only_the_16_bit_precisions(
                          sixteen_bit(runs))
     assert list(cost.rows) == ["fp32", "bf16", "fp16"]
     assert [line.split(", ")[1].split()[0] for line in cost.fits_lines()] == ["bf16", "fp16"]
+
+
+def test_the_input_batch_is_counted_once_in_every_precision_so_the_totals_compare():
+    from amp_lessons.measure import training_memory
+
+    # one layer: fp32's matmul saves the caller's float32 x, bf16's a bf16 copy of it (and no
+    # weight copy: x needs no gradient); the step holds the float32 x in both, so bf16 holds
+    # exactly that copy more (counting x only where it is saved made bf16's total the smaller)
+    model, x, y = nn.Linear(32, 10), torch.randn(16, 32), torch.randint(0, 10, (16,))
+    fp32, bf16 = (training_memory(model, x, y, p) for p in ("fp32", "bf16"))
+    assert fp32.input_batch == bf16.input_batch == 4 * 16 * 32 + 8 * 16
+    assert bf16.weight_copies == 0 and bf16.total - fp32.total == 2 * 16 * 32
 
 
 def test_where_weight_copies_outweigh_the_saving_16_bit_fits_a_smaller_batch():
@@ -212,8 +230,9 @@ def test_the_batch_ratio_approaches_the_bytes_per_example_ratio_and_stays_under_
     # and the labels int64 in both, so the ratio is below 2
     one, two = small.rows["fp32"]
     mine, mine2 = small.rows["bf16"]
-    assert limit == (two.activations - one.activations) / (mine2.activations - mine.activations)
-    assert 1.5 < limit < 2
+    assert limit == ((two.input_batch + two.activations - one.input_batch - one.activations)
+                     / (mine2.input_batch + mine2.activations - mine.input_batch - mine.activations))
+    assert 1 < limit < 2
     ratios = [c.batch_in_fp32_memory("bf16") / c.batch for c in (small, large)]
     assert ratios[0] < ratios[1] < limit
 

@@ -57,12 +57,16 @@ class SavedMemory:
 
     ``by_dtype`` splits ``activation_bytes`` by dtype name; ``by_layer`` by (layer, dtype
     name), where the meter was told which layer runs (:func:`saved_by_layer`).
+    ``input_bytes`` is the part of ``activation_bytes`` that is the caller's own input
+    tensors, saved by reference (fp32's first matmul saves ``x`` itself; under autocast it
+    saves a 16-bit copy, which is not counted here): the step holds those anyway.
     """
 
     activation_bytes: int = 0
     weight_copy_bytes: int = 0
     parameter_bytes: int = 0
     n_saved: int = 0
+    input_bytes: int = 0
     by_dtype: dict[str, int] = field(default_factory=dict)
     by_layer: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -133,7 +137,8 @@ class SavedTensorsMeter:
     """Context manager: meter every tensor saved for backward inside it.
 
     ``parameters`` (a module or an iterable of tensors) tells which saved tensors are
-    weights rather than activations. Each storage is counted once, so views of one
+    weights rather than activations; ``inputs``, which of the activations are the
+    caller's own input tensors (``result.input_bytes``). Each storage is counted once, so views of one
     tensor and a weight copy reused by several ops are not double counted.
 
         with SavedTensorsMeter(model) as meter:
@@ -141,8 +146,10 @@ class SavedTensorsMeter:
         meter.result.activation_bytes
     """
 
-    def __init__(self, parameters=(), where: Callable[[], str] | None = None):
+    def __init__(self, parameters=(), where: Callable[[], str] | None = None,
+                 inputs: Iterable[torch.Tensor] = ()):
         self._where = where  # the layer running now, for ``result.by_layer``
+        self._input_storages = {_storage_key(t) for t in inputs}  # for ``result.input_bytes``
         if isinstance(parameters, nn.Module):
             parameters = parameters.parameters()
         self._params = [p for p in parameters]
@@ -167,6 +174,8 @@ class SavedTensorsMeter:
             self.result.weight_copy_bytes += nbytes
         else:
             self.result.activation_bytes += nbytes
+            if key in self._input_storages:
+                self.result.input_bytes += nbytes
             name = str(t.dtype).removeprefix("torch.")
             self.result.by_dtype[name] = self.result.by_dtype.get(name, 0) + nbytes
             if self._where is not None:
@@ -194,7 +203,8 @@ def saved_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = Non
     """
     name = parse_precision(precision)
     device_type = x.device.type
-    with SavedTensorsMeter(model) as meter, float32_matmul_precision(name):
+    inputs = (x,) if y is None else (x, y)
+    with SavedTensorsMeter(model, inputs=inputs) as meter, float32_matmul_precision(name):
         with torch.autocast(device_type, dtype=dtype_of(name), enabled=uses_autocast(name)):
             out = model(x)
             if y is not None:
@@ -433,12 +443,14 @@ def available_memory(device) -> int | None:
 @dataclass(frozen=True)
 class TrainingMemory:
     """Bytes a training step holds, by kind, for one precision and batch; ``total`` is their sum,
-    not a measured peak (with ``zero_grad(set_to_none=True)`` the full gradients and all the
-    saved activations are never live at the same moment).
+    not a measured peak.
 
-    Only ``activations`` grow with the batch, and only they (and ``weight_copies``) depend
-    on the precision: the float32 weights, their gradients and the optimizer state stay
-    as they are under autocast. Short-lived temporaries (activation gradients, kernel
+    ``input_batch`` is the batch ``(x, y)`` the step is given, in its own dtypes, counted
+    once in every precision: where autograd saves ``x`` itself (fp32's first matmul) it is
+    not counted again in ``activations``; autocast's 16-bit copy of it is an activation.
+    Only ``input_batch`` and ``activations`` grow with the batch, and only ``activations``
+    (and ``weight_copies``) depend on the precision: the input batch, the float32 weights,
+    their gradients and the optimizer state stay as they are under autocast. Short-lived temporaries (activation gradients, kernel
     workspaces) are not in the sum; ``cuda_peak`` (CUDA only) is the allocator's peak of
     one real step, which includes them.
     """
@@ -449,12 +461,14 @@ class TrainingMemory:
     gradients: int
     optimizer_state: int
     weight_copies: int
+    input_batch: int
     activations: int
     cuda_peak: int | None = None
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer_state + self.weight_copies + self.activations
+        return (self.weights + self.gradients + self.optimizer_state + self.weight_copies + self.input_batch
+                + self.activations)
 
 
 def optimizer_state_bytes(model: nn.Module, optimizer=torch.optim.AdamW) -> int:
@@ -475,7 +489,8 @@ def training_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precisio
                     optimizer_bytes: int | None = None) -> TrainingMemory:
     """What one training step of ``model`` on the batch ``(x, y)`` in ``precision`` holds, by kind.
 
-    Activations and weight copies come from :func:`saved_memory` (exact on every device);
+    Activations and weight copies come from :func:`saved_memory` (exact on every device),
+    less the saved tensors that are ``x`` or ``y`` themselves, which ``input_batch`` counts;
     weights and gradients from the parameters; the optimizer state from one step of
     ``optimizer`` on a copy. On CUDA, ``cuda_peak`` adds the allocator's peak of one
     real step on a copy (weights included). Used in 05_putting_it_together.
@@ -502,8 +517,9 @@ def training_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precisio
         measured = cuda_peak_memory(step, x.device)
         peak = measured.peak_bytes - measured.before_bytes + weights
         del twin, opt
-    return TrainingMemory(name, len(x), weights, grads, state, saved.weight_copy_bytes,
-                          saved.activation_bytes, peak)
+    batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
+    return TrainingMemory(name, len(x), weights, grads, state, saved.weight_copy_bytes, batch_bytes,
+                          saved.activation_bytes - saved.input_bytes, peak)
 
 
 @dataclass
@@ -532,13 +548,13 @@ class BatchCost:
 
     def table(self) -> str:
         """Bytes by kind at the batch and at twice it, in MiB (exact counts, not timings)."""
-        head = (f"{'precision':<10}{'weights':>9}{'grads':>8}{'optimizer':>10}{'16-bit':>8}"
+        head = (f"{'precision':<10}{'weights':>9}{'grads':>8}{'optimizer':>10}{'16-bit':>8}{'batch':>7}"
                 f"{'activations':>12}{'total':>9}{'x2 batch':>10}{'added':>8}")
         lines = [f"MiB a training step holds, summed by kind (not a measured peak), batch {self.batch} "
                  f"and {2 * self.batch}", head]
         for p, (one, two) in self.rows.items():
             lines.append(f"{p:<10}{one.weights / MiB:>9.2f}{one.gradients / MiB:>8.2f}"
-                         f"{one.optimizer_state / MiB:>10.2f}{one.weight_copies / MiB:>8.2f}"
+                         f"{one.optimizer_state / MiB:>10.2f}{one.weight_copies / MiB:>8.2f}{one.input_batch / MiB:>7.2f}"
                          f"{one.activations / MiB:>12.2f}{one.total / MiB:>9.2f}{two.total / MiB:>10.2f}"
                          f"{(two.total - one.total) / MiB:>8.2f}")
         return "\n".join(lines)
@@ -546,7 +562,8 @@ class BatchCost:
     def ratio_limit(self, precision: str) -> float:
         """The batch ratio ``precision`` fits in fp32's memory as the batch grows without end:
         fp32's bytes per example over ``precision``'s (the weights' share vanishes). Exact
-        byte counts: under 2 wherever some saved bytes stay float32 (the loss) or int64 (labels)."""
+        byte counts: under 2 wherever the step holds bytes that do not halve (the input batch,
+        the loss's float32)."""
         one, two = self.rows["fp32"]
         mine, mine2 = self.rows[parse_precision(precision)]
         return (two.total - one.total) / (mine2.total - mine.total)
@@ -579,8 +596,8 @@ def doubled_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precisions
     """What the batch ``(x, y)`` and a batch twice as large cost in each precision, by kind.
 
     The card says activations take half the memory in 16 bits. A batch twice as large
-    does not fit where fp32's did, because the weights, gradients and optimizer state
-    stay float32 and autocast adds 16-bit weight copies: :meth:`BatchCost.fits_lines`
+    does not fit where fp32's did, because the weights, gradients, optimizer state and the
+    input batch stay as they are and autocast adds 16-bit weight copies: :meth:`BatchCost.fits_lines`
     says how large a batch does fit. Used in 05_putting_it_together.
     """
     names = list(dict.fromkeys(["fp32", *(parse_precision(p) for p in precisions)]))

@@ -391,9 +391,10 @@ def _step_memory(result) -> dict:
 
 
 # What a training step holds, bottom to top: what 16-bit does not change, then what it adds,
-# then the one part it halves.
+# then the one part it shrinks.
 _MEMORY_PARTS = (("weights", "weights (float32)", "#9d9d9d"), ("gradients", "gradients (float32)", "#bdbdbd"),
                  ("optimizer_state", "optimizer state", "#dcdcdc"),
+                 ("input_batch", "input batch (x and labels, as given)", "#f0e0b0"),
                  ("weight_copies", "autocast's 16-bit weight copies", "white"),
                  ("activations", "activations saved for backward", None))
 
@@ -405,9 +406,9 @@ def side_by_side(result, memory: dict | None = None):
     ``result`` is a :class:`amp_lessons.bench.SideBySide`. The memory bars stack what a
     step holds (:class:`amp_lessons.measure.TrainingMemory`): the float32 weights, their
     gradients and the optimizer state, which mixed precision leaves as they are, autocast's
-    16-bit weight copies, which it adds, and the activations, which it halves; ``memory``
+    16-bit weight copies, which it adds, the input batch, and the activations, which it shrinks; ``memory``
     maps a precision to one (default: measured on each run's trainer). The title gives
-    the activations' ratio to fp32 and the whole step's (exact byte counts), then the
+    the activation bars' ratio to fp32 and the whole step's (exact byte counts), then the
     speed and accuracy (float-kernel figures, marked ``≈``).
     """
     runs = result.runs
@@ -450,7 +451,8 @@ def side_by_side(result, memory: dict | None = None):
         ax.spines[["top", "right"]].set_visible(False)
     low = [p for p in names if p in ("bf16", "fp16")]
     if low:
-        lines = [f"{p}: activations {result.memory_ratio(p):.2f}x fp32's, the step's summed memory "
+        lines = [f"{p}: activations {memory[p].activations / memory['fp32'].activations:.2f}x fp32's, "
+                 "the step's summed memory "
                  f"{memory[p].total / memory['fp32'].total:.2f}x, speed {measured(result.speedup(p), '.2f')}x, "
                  f"test accuracy {measured(runs[p].accuracy, '.2f')}" for p in low]
         fig.suptitle(f"on {result.device}, against fp32 (test accuracy "
