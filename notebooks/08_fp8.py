@@ -29,12 +29,13 @@
 # and lesson 09's block scales.
 #
 # Everything here runs on a CPU or a CUDA GPU; on a Mac, on the CPU (`fp8_device`: torch has
-# no `float8_e5m2` on Apple's GPU). `torch._scaled_mm`, the fp8 matmul, runs on a CPU too, so
-# every number below is real; only the speed needs an fp8 GPU. You will see:
+# no `float8_e5m2` on Apple's GPU). `torch._scaled_mm`, the fp8 matmul, runs on a CPU too
+# and on fp8 GPUs; on an older GPU (a T4, an A100) it refuses, and the lesson emulates it
+# and says so. You will see:
 #
 # - the two fp8 formats beside bf16 and fp16, and what a cast does with a value too large;
 # - your own network's tensors against them: unscaled, scaled per tensor, scaled per row;
-# - `torch._scaled_mm` checked against dequantize-then-matmul;
+# - `torch._scaled_mm` checked against dequantize-then-matmul, where it runs;
 # - an outlier channel, and why per-row scales help;
 # - a small fp8 linear layer, written out, trained against 16-bit autocast;
 # - which GPUs run fp8 fast.
