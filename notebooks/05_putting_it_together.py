@@ -413,7 +413,7 @@ lrs = [1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4]
 plots.lost_updates(lrs, lost_fraction_by_lr(trained, grads, lrs), at_lr=1e-3)
 
 # %% [markdown]
-# With autocast, the forward pass runs in 16 bits but the optimizer adds each update to
+# With autocast, the forward's matmuls run in 16 bits but the optimizer adds each update to
 # the float32 master weight, which loses at most the updates at or below 2^-24 of the weight. That
 # is why mixed precision needs no trade-off here, and `model.half()` does.
 #
@@ -564,8 +564,9 @@ else:
 #   at work in [03 grad scaler](03_grad_scaler.ipynb).
 # - Keep master weights in float32: the lost updates above, and Adam on `.half()` weights
 #   going inf/NaN in each of its three implementations.
-# - For these MLPs the activation bytes halve under bf16 and fp16 (a transformer block whose
-#   residual stream is float32 keeps more: here its layer norms save float32). Still no batch
+# - For these MLPs the saved activation bytes (the first table) halve under bf16 and fp16
+#   (a transformer block whose residual stream is float32 keeps more: here its layer norms
+#   save float32). Still no batch
 #   twice as large fits in fp32's memory: autocast adds 16-bit copies of the weights and of
 #   the input, and some bytes never halve (the input batch, float32 `x` and int64 labels,
 #   and the loss's float32).
