@@ -572,8 +572,9 @@ print(f"torch {report.torch_version}, _scaled_mm on {device.type}:", scaled_mm_s
 #   subnormals only to 2^-16. Unscaled, e4m3 flushed most of this network's gradients
 #   (batch 64, a mean loss; a summed loss or a batch of 16 flushed fewer).
 # - With current scaling, each tensor gets `scale = fmt.max / amax` of itself (amax floored
-#   at 1e-12), every step: nothing overflows, and only values far below the largest one
-#   flush. Per-row scales flush no more. Delayed scaling reuses past amaxes and can overflow.
+#   at 1e-12), every step: nothing overflows, and, for an amax above that floor, only values
+#   far below the largest one flush. Per-row scales flush no more. Delayed scaling reuses
+#   past amaxes and can overflow.
 # - `torch._scaled_mm` is dequantize-then-matmul (on this CPU up to float32 rounding). The
 #   weights, the optimizer and the output stay in high precision.
 #
