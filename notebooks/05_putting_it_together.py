@@ -293,7 +293,8 @@ plots.matmul_rates(b)
 # The card's 2-3x is PyTorch's AMP recipe's figure for its own large linear layers in
 # float16 on Volta, Turing and Ampere GPUs, and the recipe warns: "Small networks may be
 # CPU bound". An NVIDIA GPU's 16-bit matmul hardware is **tensor cores** (fp16 from Volta
-# on, bf16 from Ampere on). On an x86 CPU it is
+# on, bf16 from Ampere on, on the cards of those generations that have them). On an x86
+# CPU it is
 # **AMX tiles** (Intel: bf16 from Sapphire Rapids on, fp16 from Granite Rapids on), or the
 # vector units' AVX512-BF16 dot product and AVX512-FP16 arithmetic; the reasons above name
 # the ones this device has, and the matmul figure measures them.

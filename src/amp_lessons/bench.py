@@ -652,7 +652,8 @@ def speed_verdict(speedup: float | None, precision: str, row: Row | None = None)
     if speedup > CARD_SPEEDUP[1]:
         return f"{precision} ran {speedup:.1f}x as fast as fp32 here: above the card's 2-3x."
     if speedup >= CARD_SPEEDUP[0]:
-        return f"{precision} ran {speedup:.1f}x as fast as fp32 here: the card's 2-3x holds."
+        return (f"{precision} ran {speedup:.1f}x as fast as fp32 here: within the card's 2-3x "
+                "(which the card says of modern GPUs).")
     if speedup >= 1.1:
         return f"{precision} ran {speedup:.2f}x as fast as fp32 here: faster, but short of the card's 2-3x."
     if speedup > 0.9:
