@@ -365,8 +365,10 @@ print(amp_lessons.claims.at_most("the fp8 product is within e4m3's eps of the fl
 # On CUDA, `_scaled_mm` is stricter (`ScaledBlas.cpp`, not run here; Sources): compute
 # capability 8.9 or 9.0+, and
 #
-# - the first operand row-major, the second column-major (cuBLASLt's fp8 "TN" rule; which
-#   GPUs torch itself checks it on changed between the two commits named in Sources);
+# - on an H100, the first operand row-major and the second column-major (cuBLASLt's fp8
+#   "TN" rule; a comment in torch's `ScaledBlas.cpp` says "H100 only supports row-major x
+#   column-major"); what other fp8 GPUs take depends on the GPU and the torch release
+#   (Sources);
 # - the second operand's two dimensions, and the first operand's inner one, multiples of 16;
 # - never e5m2 times e5m2: e5m2 is for gradients, paired with e4m3.
 #
