@@ -637,7 +637,8 @@ check_row_scale(my_row_scale)
 #   `_scaled_mm_is_fnuz` there (gfx942), and torchao's `Float8TypeConfig`.
 # - No `float8_e5m2` on Apple's GPU (MPS): pytorch/pytorch#132624 (open).
 # - `_scaled_mm` on a CPU: `_scaled_mm_out_cpu` in `aten/src/ATen/native/Blas.cpp` (to
-#   oneDNN with AMX-INT8, or AMX-FP16 for mixed dtypes, and oneDNN on; before per-row
+#   oneDNN with AMX-INT8, or AMX-FP16 for mixed dtypes, oneDNN on, and, at commit 457ff03,
+#   per-tensor scales only; before per-row
 #   support, torch 2.11's `_scaled_mm_out_cpu_emulated` asserted "Now _scaled_mm only
 #   supports per-tensor scaling for CPU backend.").
 # - Clamping before the cast: `to_fp8_saturated`, `torchao/float8/float8_utils.py`.
